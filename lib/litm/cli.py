@@ -1,0 +1,83 @@
+"""`python -m litm ...`: the notebooks' experiments, headless (for long GPU runs)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import LitmError
+
+
+def _positions(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"positions must be comma-separated integers, got {text!r}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m litm", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("fetch", help="download a public data set (needs internet)")
+    f.add_argument("dataset", choices=["liu2023"])
+    f.add_argument("--dest", default="data/liu2023")
+    f.add_argument("--url", default=None, help="base URL of the files (default: the paper's GitHub repository)")
+
+    s = sub.add_parser("sweep", help="move the gold document across positions and score a model")
+    s.add_argument("--task", choices=["qa", "kv"], required=True)
+    s.add_argument("--data", default="generated", help="'generated' or a Liu et al. .jsonl(.gz) file")
+    s.add_argument("--model", default="smollm2-135m", help="registry name, hub id, local directory or .gguf file")
+    s.add_argument("--docs", type=int, default=10, help="documents (QA) or key-value pairs (KV) per prompt")
+    s.add_argument("--positions", type=_positions, default=(0, 4, 9), help="0-based gold positions, e.g. 0,4,9")
+    s.add_argument("--scoring", choices=["generate", "loglik", "choice"], default="choice")
+    s.add_argument("--limit", type=int, default=50, help="number of examples")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--no-closedbook", dest="closedbook", action="store_false")
+    s.add_argument("--no-oracle", dest="oracle", action="store_false")
+    s.add_argument("--query-aware", action="store_true", help="question before and after the documents")
+    s.add_argument("--template", choices=["ours", "paper"], default="ours")
+    s.add_argument("--chat", choices=["auto", "yes", "no"], default="auto")
+    s.add_argument("--batch-size", type=int, default=4)
+    s.add_argument("--max-new-tokens", type=int, default=100)
+    s.add_argument("--results", default="results", help="results folder")
+    s.add_argument("--figure", default=None, help="also save the position curve as figures/NAME.png/.pdf")
+    s.add_argument("--device", default=None)
+    s.add_argument("--dtype", default=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "fetch":
+            from .data.fetch import fetch_liu2023
+
+            paths = fetch_liu2023(args.dest, base_url=args.url)
+            print(f"{len(paths)} files in {args.dest}")
+            return 0
+        from .experiment import SweepConfig, summarize, sweep
+        from .models import load_model
+
+        cfg = SweepConfig(task=args.task, data=args.data, model=args.model, num_docs=args.docs,
+                          positions=args.positions, closedbook=args.closedbook, oracle=args.oracle,
+                          scoring=args.scoring, query_aware=args.query_aware, template=args.template,
+                          chat={"auto": None, "yes": True, "no": False}[args.chat], limit=args.limit,
+                          seed=args.seed, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                          results_dir=args.results)
+        lm = load_model(cfg.model, device=args.device, dtype=args.dtype)
+        df = sweep(cfg, lm)
+        print(summarize(df).to_string(index=False))
+        if args.figure:
+            from .plots import position_curve, save_figure
+
+            for p in save_figure(position_curve(df, title=f"{cfg.task} - {cfg.model}"), args.figure):
+                print(f"wrote {p}")
+        return 0
+    except LitmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Seeded generators of offline data: KV retrieval in the paper's format, and fictional multi-document QA.
+
+Everything comes from `random.Random(seed)`; the same seed always gives the same examples.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import uuid
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..types import Document, Example
+
+
+def _check(num_examples: int, num_docs: int, min_docs: int = 2) -> None:
+    if num_examples < 1:
+        raise ConfigError(f"num_examples must be at least 1, got {num_examples}.")
+    if num_docs < min_docs:
+        raise ConfigError(f"need at least {min_docs} documents per example, got {num_docs}.")
+
+
+def seeded_uuid(rng: random.Random) -> str:
+    """A UUID-shaped string (version-4 layout) drawn from `rng`, so it is reproducible."""
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def kv_records(num_examples: int, num_keys: int, seed: int = 0) -> list[dict]:
+    """KV objects in the paper's schema: ordered_kv_records, key, value; the gold index is uniform."""
+    _check(num_examples, num_keys)
+    rng = random.Random(f"kv-{seed}")
+    out = []
+    for _ in range(num_examples):
+        pairs, seen = [], set()
+        while len(pairs) < num_keys:
+            k, v = seeded_uuid(rng), seeded_uuid(rng)
+            if k not in seen:
+                seen.add(k)
+                pairs.append([k, v])
+        key, value = pairs[rng.randrange(num_keys)]
+        out.append({"ordered_kv_records": pairs, "key": key, "value": value})
+    return out
+
+
+def generate_kv(num_examples: int, num_keys: int, seed: int = 0) -> list[Example]:
+    """KV Examples: each pair is a Document(title=key, text=value, answer=value)."""
+    from .liu import kv_example_from_obj
+
+    return [kv_example_from_obj(obj, f"kv-s{seed}-{i}", f"generated kv #{i}")
+            for i, obj in enumerate(kv_records(num_examples, num_keys, seed))]
+
+
+# ---------------------------------------------------------------- fictional multi-document QA
+_ONSETS = ["b", "br", "d", "dr", "f", "g", "gr", "k", "kh", "l", "m", "n", "p", "r", "s", "sh", "t",
+           "th", "v", "z", "", ""]
+_VOWELS = ["a", "e", "i", "o", "u", "ae", "ia", "ou", "y"]
+_CODAS = ["", "", "n", "r", "l", "s", "th", "m", "nd", "x", "sk"]
+
+
+def _word(rng: random.Random, syllables: int) -> str:
+    w = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables))
+    return w.capitalize()
+
+
+def _person(rng: random.Random) -> str:
+    return f"{_word(rng, rng.choice([2, 2, 3]))} {_word(rng, rng.choice([2, 3]))}"
+
+
+def _place(rng: random.Random) -> str:
+    return _word(rng, rng.choice([2, 3]))
+
+
+def _year(rng: random.Random) -> str:
+    return str(rng.randrange(1150, 1900))
+
+
+# Each relation: (kind of entity, question, fact sentence, answer maker).  All documents of one
+# example share the relation, so every distractor is on-topic but about another entity.
+_RELATIONS = [
+    ("island nation", "What is the capital of {e}?", "The capital of {e} is {a}.", _place),
+    ("trading guild", "Who founded the {e} Guild?", "The {e} Guild was founded by {a}.", _person),
+    ("mountain valley", "Which river flows through the {e} Valley?",
+     "The river that flows through the {e} Valley is the {a}.", _place),
+    ("observatory", "In what year was the {e} Observatory built?",
+     "The {e} Observatory was built in {a}.", _year),
+    ("steam engine", "Who invented the {e} engine?", "The {e} engine was invented by {a}.", _person),
+    ("desert kingdom", "What is the highest peak in {e}?", "The highest peak in {e} is Mount {a}.", _place),
+]
+
+_FILLERS = [
+    "Travellers describe {e} as {adj} and {adj2}.",
+    "Records from {e} mention a long dispute with the neighbouring town of {p}.",
+    "Scholars of {e} still argue about the meaning of its oldest {thing}.",
+    "Each spring, people from {e} hold a festival of {thing} that lasts {n} days.",
+    "The archives of {e} were moved to {p} after a fire.",
+    "Most accounts of {e} come from the diaries of a merchant named {person}.",
+    "Its emblem shows a {adj} {thing} over a field of {colour}.",
+    "Visitors to {e} are warned about the {adj} winters.",
+    "A survey once counted {n} hundred households connected with {e}.",
+    "The name {e} is said to come from an old word for {thing}.",
+]
+_ADJ = ["quiet", "windswept", "prosperous", "remote", "crowded", "ancient", "rainy", "proud", "modest"]
+_THINGS = ["lanterns", "bells", "maps", "songs", "boats", "looms", "orchards", "mirrors", "kites"]
+_COLOURS = ["green", "silver", "blue", "amber", "crimson", "white"]
+
+
+def _filler(rng: random.Random, entity: str) -> str:
+    return rng.choice(_FILLERS).format(
+        e=entity, adj=rng.choice(_ADJ), adj2=rng.choice(_ADJ), thing=rng.choice(_THINGS),
+        p=_place(rng), person=_person(rng), n=rng.randrange(2, 12), colour=rng.choice(_COLOURS))
+
+
+def fictional_qa_records(num_examples: int, num_docs: int, seed: int = 0,
+                         sentences_per_doc: int = 3) -> list[dict]:
+    """QA objects in Liu et al.'s schema about invented entities; ctxs[0] is the gold document.
+
+    Every distractor states the same kind of fact about another invented entity, with its own
+    answer (kept in the ctx's `answer` field) so forced choice has a candidate per document.
+    """
+    _check(num_examples, num_docs, min_docs=1)
+    rng = random.Random(f"fqa-{seed}")
+    out = []
+    for i in range(num_examples):
+        kind, question, fact, make_answer = _RELATIONS[rng.randrange(len(_RELATIONS))]
+        entities: list[str] = []
+        answers: list[str] = []
+        while len(entities) < num_docs:
+            e, a = _place(rng), make_answer(rng)
+            if e not in entities and a not in answers and e != a and a not in entities:
+                entities.append(e)
+                answers.append(a)
+        ctxs = []
+        for j, (e, a) in enumerate(zip(entities, answers)):
+            sentences = [_filler(rng, e) for _ in range(max(0, sentences_per_doc - 1))]
+            sentences.insert(rng.randrange(len(sentences) + 1), fact.format(e=e, a=a))
+            ctxs.append({"id": f"fqa{seed}-{i}-{j}", "title": f"{e} ({kind})", "text": " ".join(sentences),
+                         "hasanswer": j == 0, "isgold": j == 0, "answer": a})
+        out.append({"question": question.format(e=entities[0]), "answers": [answers[0]], "ctxs": ctxs,
+                    "nq_annotated_gold": {"title": ctxs[0]["title"], "short_answers": [answers[0]]}})
+    return out
+
+
+def generate_fictional_qa(num_examples: int, num_docs: int, seed: int = 0,
+                          sentences_per_doc: int = 3) -> list[Example]:
+    """Fictional QA Examples; gold first, distractors after it (move it with `ordering.gold_at`)."""
+    from .liu import qa_example_from_obj
+
+    examples = []
+    for i, obj in enumerate(fictional_qa_records(num_examples, num_docs, seed, sentences_per_doc)):
+        ex = qa_example_from_obj(obj, f"fqa-s{seed}-{i}", f"generated qa #{i}")
+        docs = tuple(Document(d.id, d.title, d.text, d.is_gold, d.score, c["answer"])
+                     for d, c in zip(ex.documents, obj["ctxs"]))
+        examples.append(Example(ex.id, ex.question, ex.answers, docs, "qa", ex.meta))
+    return examples
+
+
+def write_jsonl(records: list[dict], path: str | Path) -> Path:
+    """Write objects as JSON lines (gzipped when the name ends in .gz)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt", encoding="utf-8") as fh:
+        for r in records:
+            fh.write(json.dumps(r) + "\n")
+    return path

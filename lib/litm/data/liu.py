@@ -1,0 +1,163 @@
+"""Readers for the data files of Liu et al. (TACL 2024): multi-document QA and key-value retrieval.
+
+QA line: {"question", "answers", "ctxs": [{"title", "text", "hasanswer", "isgold", "id"?, "score"?,
+"original_retrieval_index"?}], "nq_annotated_gold"}.  KV line: {"ordered_kv_records": [[k, v], ...],
+"key", "value"}.  Both read from .jsonl or .jsonl.gz, eagerly or (through `datasets`) streamed.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from ..errors import DataError
+from ..types import Document, Example
+
+
+def _open_text(path: Path):
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, object) for each non-blank line; a bad line is a DataError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file. Run `python -m litm fetch liu2023` or pass the right path.")
+    try:
+        with _open_text(path) as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}). "
+                                    "The file may be truncated: fetch it again.") from None
+                if not isinstance(obj, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}.")
+                yield lineno, obj
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(f"{path}: cannot be read ({exc}). The file may be corrupt: fetch it again.") from None
+
+
+def _require(obj: dict, field: str, kind: type, where: str):
+    if obj.get(field) is None:  # streaming through `datasets` fills absent fields with None
+        raise DataError(f"{where}: missing field {field!r}. Is this a Liu et al. file of the right task?")
+    value = obj[field]
+    if not isinstance(value, kind):
+        raise DataError(f"{where}: field {field!r} should be {kind.__name__}, got {type(value).__name__}.")
+    return value
+
+
+def _score(value, where: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: ctx score {value!r} is not a number.") from None
+
+
+def qa_example_from_obj(obj: dict, example_id: str, where: str) -> Example:
+    """Build an Example from one QA object; documents keep the file's order."""
+    question = _require(obj, "question", str, where)
+    answers = _require(obj, "answers", list, where)
+    ctxs = _require(obj, "ctxs", list, where)
+    if not answers or not all(isinstance(a, str) for a in answers):
+        raise DataError(f"{where}: 'answers' must be a non-empty list of strings.")
+    if not ctxs:
+        raise DataError(f"{where}: 'ctxs' is empty; an example needs at least its gold document.")
+    docs = []
+    for i, ctx in enumerate(ctxs):
+        cw = f"{where} ctxs[{i}]"
+        if not isinstance(ctx, dict):
+            raise DataError(f"{cw}: expected an object.")
+        title = _require(ctx, "title", str, cw)
+        text = _require(ctx, "text", str, cw)
+        is_gold = bool(ctx.get("isgold", False))
+        docs.append(Document(id=str(ctx.get("id", f"{example_id}-ctx{i}")), title=title, text=text,
+                             is_gold=is_gold, score=_score(ctx.get("score"), cw),
+                             answer=answers[0] if is_gold else None))
+    if not any(d.is_gold for d in docs):
+        raise DataError(f"{where}: no ctx has \"isgold\": true; every example needs its gold document.")
+    return Example(id=example_id, question=question, answers=tuple(answers), documents=tuple(docs),
+                   task="qa", meta={"nq_annotated_gold": obj.get("nq_annotated_gold")})
+
+
+def kv_example_from_obj(obj: dict, example_id: str, where: str) -> Example:
+    """Build an Example from one KV object: each pair is a Document(title=key, text=value)."""
+    records = _require(obj, "ordered_kv_records", list, where)
+    key = _require(obj, "key", str, where)
+    value = _require(obj, "value", str, where)
+    if not records:
+        raise DataError(f"{where}: 'ordered_kv_records' is empty.")
+    docs, seen = [], set()
+    for i, rec in enumerate(records):
+        if not (isinstance(rec, (list, tuple)) and len(rec) == 2 and all(isinstance(x, str) for x in rec)):
+            raise DataError(f"{where}: ordered_kv_records[{i}] is not a [key, value] pair of strings.")
+        k, v = rec
+        if k in seen:
+            raise DataError(f"{where}: key {k!r} appears twice in ordered_kv_records.")
+        seen.add(k)
+        docs.append(Document(id=k, title=k, text=v, is_gold=(k == key), answer=v))
+    if key not in seen:
+        raise DataError(f"{where}: the key {key!r} is not among ordered_kv_records (no gold pair).")
+    gold = next(d for d in docs if d.is_gold)
+    if gold.text != value:
+        raise DataError(f"{where}: 'value' does not match the value stored with the key.")
+    return Example(id=example_id, question=key, answers=(value,), documents=tuple(docs), task="kv")
+
+
+_BUILDERS = {"qa": qa_example_from_obj, "kv": kv_example_from_obj}
+
+
+def _check_args(task: str, limit: int | None) -> None:
+    if task not in _BUILDERS:
+        raise DataError(f"unknown task {task!r}: use 'qa' or 'kv'.")
+    if limit is not None and limit < 1:
+        raise DataError(f"limit must be at least 1 (got {limit}); use None for all examples.")
+
+
+def _examples(objs: Iterable[tuple[str, dict]], task: str, name: str, limit: int | None) -> Iterator[Example]:
+    """Examples from (location, object) pairs; ids count records (blank lines skipped) from 1."""
+    build = _BUILDERS[task]
+    for n, (where, obj) in enumerate(objs, 1):
+        yield build(obj, f"{name}#{n}", where)
+        if limit is not None and n >= limit:
+            return
+
+
+def read_examples(path: str | Path, task: str, limit: int | None = None) -> list[Example]:
+    """Read a Liu et al. QA or KV file (.jsonl or .jsonl.gz) into Examples; ids are `<file>#<record>`."""
+    path = Path(path)
+    _check_args(task, limit)
+    lines = ((f"{path}:{lineno}", obj) for lineno, obj in iter_json_lines(path))
+    examples = list(_examples(lines, task, path.name, limit))
+    if not examples:
+        raise DataError(f"{path}: holds no examples.")
+    return examples
+
+
+def stream_examples(path: str | Path, task: str, limit: int | None = None) -> Iterator[Example]:
+    """Stream a large file through `datasets` (load_dataset("json", streaming=True))."""
+    path = Path(path)
+    _check_args(task, limit)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file. Run `python -m litm fetch liu2023` or pass the right path.")
+    from datasets import load_dataset
+
+    ds = load_dataset("json", data_files=str(path), split="train", streaming=True)
+
+    def numbered():
+        try:
+            for i, obj in enumerate(ds, 1):
+                yield f"{path} record {i}", obj
+        except Exception as exc:  # pyarrow/json errors differ between versions
+            raise DataError(f"{path}: cannot be parsed as JSON lines ({exc}).") from None
+
+    return _examples(numbered(), task, path.name, limit)

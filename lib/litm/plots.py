@@ -1,0 +1,89 @@
+"""Figures, drawn from results tables (never from a live model) and saved through `save_figure`."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .experiment import summarize
+
+FIGURES_DIR = Path(os.environ.get("LITM_FIGURES", "figures"))
+
+
+def save_figure(fig, name: str, directory: str | Path | None = None) -> list[Path]:
+    """Save `fig` as `<directory>/<name>.png` and `.pdf` (directory: LITM_FIGURES or ./figures)."""
+    d = Path(directory) if directory is not None else FIGURES_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "pdf"):
+        p = d / f"{name}.{ext}"
+        fig.savefig(p, dpi=150, bbox_inches="tight")
+        paths.append(p)
+    return paths
+
+
+def _metric(df) -> str:
+    return "accuracy" if df["correct"].notna().any() else "loglik"
+
+
+def position_curve(df, label_by: str | None = None, ax=None, title: str | None = None, chance: float | None = None):
+    """Accuracy (Wilson 95%) or mean gold log-likelihood (t 95%) against the gold position (1-based),
+    one line per value of `label_by`; closed-book and oracle drawn as dashed lines."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+    else:
+        fig = ax.figure
+    metric = _metric(df)
+    y, lo, hi = (("accuracy", "ci_low", "ci_high") if metric == "accuracy"
+                 else ("mean_loglik", "loglik_ci_low", "loglik_ci_high"))
+    groups = [(None, df)] if label_by is None else list(df.groupby(label_by, sort=False))
+    for i, (label, g) in enumerate(groups):
+        color = f"C{i}"
+        s = summarize(g)
+        docs = s[s["condition"] == "documents"].sort_values("position")
+        x = docs["position"].astype(int).to_numpy() + 1
+        ax.plot(x, docs[y], marker="o", color=color, label=label if label is not None else "documents")
+        ax.fill_between(x, docs[lo], docs[hi], color=color, alpha=0.2)
+        for cond, style in (("closedbook", "--"), ("oracle", ":")):
+            row = s[s["condition"] == cond]
+            if len(row):
+                ax.axhline(float(row[y].iloc[0]), color=color, linestyle=style, linewidth=1.2,
+                           label=f"{cond}" + (f" ({label})" if label is not None else ""))
+    if chance is not None:
+        ax.axhline(chance, color="grey", linewidth=0.8, linestyle="-.", label="chance")
+    ax.set_xlabel("Position of the document with the answer (1 = first)")
+    scoring = df["scoring"].iloc[0] if "scoring" in df else ""
+    ax.set_ylabel({"accuracy": "Forced-choice accuracy" if scoring == "choice" else "Accuracy",
+                   "loglik": "Mean gold log-likelihood (nats)"}[metric])
+    xs = sorted(int(p) + 1 for p in df.loc[df["condition"] == "documents", "position"].dropna().unique())
+    if xs:
+        ax.set_xticks(xs)
+    if metric == "accuracy":
+        ax.set_ylim(-0.02, 1.02)
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def describe_curve(df) -> str:
+    """One sentence with the numbers behind a position curve (first, middle, last, baselines)."""
+    s = summarize(df)
+    metric = "accuracy" if "accuracy" in s else "mean_loglik"
+    docs = s[s["condition"] == "documents"].sort_values("position")
+    fmt = (lambda v: f"{100 * v:.0f}%") if metric == "accuracy" else (lambda v: f"{v:.2f}")
+    parts = [f"position {int(r.position) + 1}: {fmt(r[metric])} (n={r.n})" for _, r in docs.iterrows()]
+    base = [f"{r.condition}: {fmt(r[metric])}" for _, r in s[s["condition"] != "documents"].iterrows()]
+    text = f"{metric.replace('_', ' ')} by gold position — " + ", ".join(parts)
+    if base:
+        text += "; " + ", ".join(base)
+    if len(docs) >= 3:
+        vals = docs[metric].to_numpy()
+        edges, middle = (vals[0] + vals[-1]) / 2, float(np.min(vals[1:-1]))
+        text += f". Edges average {fmt(edges)} against {fmt(middle)} at the weakest middle position."
+    return text

@@ -1,0 +1,228 @@
+"""Render an example as a prompt: its text, token ids and a manifest of where every document sits.
+
+Templates follow the structure of Liu et al.'s prompt files (same names and placeholders) but are
+worded by us.  With `template="paper"` the paper's own files (downloaded by `litm fetch liu2023`)
+are used verbatim.  When the model's tokenizer has a chat template, the prompt becomes the user
+turn and the assistant turn is opened.
+"""
+from __future__ import annotations
+
+import hashlib
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError, DataError
+from .types import Example
+
+OUR_TEMPLATES = {
+    "qa": (
+        "Use only the search results below to answer the question. "
+        "Some of the search results may not be relevant to it.\n\n"
+        "{search_results}\n\nQuestion: {question}\nAnswer:"
+    ),
+    "qa_with_query_aware_contextualization": (
+        "Use only the search results below to answer the question. "
+        "Some of the search results may not be relevant to it.\n\n"
+        "Question: {question}\n\n{search_results}\n\nQuestion: {question}\nAnswer:"
+    ),
+    "closedbook_qa": "Answer the question below.\n\nQuestion: {question}\nAnswer:",
+    "kv_retrieval": (
+        "The JSON object below maps keys to values. Find the value stored under the given key.\n\n"
+        "JSON data:\n{formatted_kv_records}\n\nKey: \"{key}\"\nCorresponding value:"
+    ),
+    "kv_retrieval_with_query_aware_contextualization": (
+        "The JSON object below maps keys to values. Find the value stored under the given key.\n\n"
+        "Key: \"{key}\"\n\nJSON data:\n{formatted_kv_records}\n\nKey: \"{key}\"\nCorresponding value:"
+    ),
+    "closedbook_kv_retrieval": "Give the value stored under the key below.\n\nKey: \"{key}\"\nCorresponding value:",
+}
+PAPER_TEMPLATE_DIR = Path("src") / "lost_in_the_middle" / "prompts"
+CONDITIONS = ("documents", "closedbook", "oracle")
+_SENTINEL = "\x00LITM-USER-CONTENT\x00"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How to render: which condition, question placement, template family and chat wrapping."""
+
+    condition: str = "documents"  # documents | closedbook | oracle
+    query_aware: bool = False  # question before and after the documents
+    template: str = "ours"  # ours | paper
+    template_dir: str = "data/liu2023"  # where `litm fetch liu2023` put the paper's files
+    chat: bool | None = None  # None: use the tokenizer's chat template when it has one
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Where everything sits in the prompt's tokens (half-open [start, end) spans)."""
+
+    doc_ids: tuple[str, ...]
+    doc_spans: tuple[tuple[int, int], ...]
+    doc_char_spans: tuple[tuple[int, int], ...]
+    gold_index: int | None  # position of the gold document in this prompt, None when absent
+    question_spans: tuple[tuple[int, int], ...]
+    num_tokens: int
+    sha256: str  # of the token ids
+    template: str
+    chat: bool
+
+    @property
+    def gold_span(self) -> tuple[int, int] | None:
+        return None if self.gold_index is None else self.doc_spans[self.gold_index]
+
+    @property
+    def gold_rel_depth(self) -> float | None:
+        """The gold document's first token as a fraction of the prompt (0 = start, 1 = end)."""
+        span = self.gold_span
+        return None if span is None else span[0] / self.num_tokens
+
+    def to_dict(self) -> dict:
+        return {"doc_ids": list(self.doc_ids), "doc_spans": [list(s) for s in self.doc_spans],
+                "gold_index": self.gold_index, "gold_span": list(self.gold_span) if self.gold_span else None,
+                "gold_rel_depth": self.gold_rel_depth, "question_spans": [list(s) for s in self.question_spans],
+                "num_tokens": self.num_tokens, "sha256": self.sha256, "template": self.template,
+                "chat": self.chat}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: text, token ids and manifest, for one example under one variant."""
+
+    example_id: str
+    text: str
+    input_ids: tuple[int, ...]
+    manifest: Manifest
+
+    def continuation(self, answer: str) -> str:
+        """The text an answer is scored as: after a space, unless the prompt ends in whitespace."""
+        return answer if (not self.text or self.text[-1].isspace()) else " " + answer
+
+
+def template_name(task: str, variant: Variant) -> str:
+    if task == "qa":
+        if variant.condition == "closedbook":
+            return "closedbook_qa"
+        return "qa_with_query_aware_contextualization" if variant.query_aware else "qa"
+    if task == "kv":
+        if variant.condition == "closedbook":
+            return "closedbook_kv_retrieval"
+        return "kv_retrieval_with_query_aware_contextualization" if variant.query_aware else "kv_retrieval"
+    raise ConfigError(f"unknown task {task!r}: use 'qa' or 'kv'.")
+
+
+def load_template(name: str, variant: Variant) -> str:
+    """Our template, or the paper's file read as the paper reads it (trailing newlines dropped)."""
+    if variant.template == "ours":
+        return OUR_TEMPLATES[name]
+    if variant.template != "paper":
+        raise ConfigError(f"unknown template family {variant.template!r}: use 'ours' or 'paper'.")
+    if name == "closedbook_kv_retrieval":
+        raise ConfigError("the paper has no closed-book KV prompt; use template='ours' for that condition.")
+    path = Path(variant.template_dir) / PAPER_TEMPLATE_DIR / f"{name}.prompt"
+    if not path.is_file():
+        raise DataError(f"{path}: the paper's template is missing. Run `python -m litm fetch liu2023` "
+                        f"(it downloads the templates) or use template='ours'.")
+    return path.read_text(encoding="utf-8").rstrip("\n")
+
+
+def _fill(template: str, values: dict[str, tuple[str, list[tuple[int, int]]]]):
+    """Format `template`; returns the text, the offset of each field occurrence, and the inner spans
+    (given relative to a field's value) shifted to absolute character offsets."""
+    out, fields, inner = [], {}, []
+    pos = 0
+    for literal, field, spec, conv in string.Formatter().parse(template):
+        out.append(literal)
+        pos += len(literal)
+        if field is None:
+            continue
+        if field not in values or spec or conv:
+            raise ConfigError(f"template field {{{field}}} is not one we can fill (we fill {sorted(values)}).")
+        value, spans = values[field]
+        fields.setdefault(field, []).append((pos, pos + len(value)))
+        if spans and len(fields[field]) == 1:
+            inner = [(pos + s, pos + e) for s, e in spans]
+        out.append(value)
+        pos += len(value)
+    return "".join(out), fields, inner
+
+
+def _format_documents(example: Example) -> tuple[str, list[tuple[int, int]]]:
+    if example.task == "kv":
+        parts, spans, pos = [], [], 0
+        last = len(example.documents) - 1
+        for i, d in enumerate(example.documents):
+            lead = "{" if i == 0 else " "
+            body = f'"{d.title}": "{d.text}"'
+            tail = "}" if i == last else ",\n"
+            spans.append((pos + len(lead), pos + len(lead) + len(body)))
+            parts.append(lead + body + tail)
+            pos += len(lead) + len(body) + len(tail)
+        return "".join(parts), spans
+    lines, spans, pos = [], [], 0
+    for i, d in enumerate(example.documents):
+        line = f"Document [{i + 1}](Title: {d.title}) {d.text}"
+        spans.append((pos, pos + len(line)))
+        lines.append(line)
+        pos += len(line) + 1
+    return "\n".join(lines), spans
+
+
+def render_text(example: Example, variant: Variant = Variant()):
+    """The prompt text before chat wrapping, with character spans of the documents and the question."""
+    if variant.condition not in CONDITIONS:
+        raise ConfigError(f"unknown condition {variant.condition!r}: use one of {CONDITIONS}.")
+    if not example.documents and variant.condition != "closedbook":
+        raise DataError(f"example {example.id} has no documents.")
+    if variant.condition == "oracle":
+        example = Example(example.id, example.question, example.answers, (example.gold,), example.task)
+    shown = () if variant.condition == "closedbook" else example.documents
+    name = template_name(example.task, variant)
+    docs_text, doc_spans = _format_documents(example) if shown else ("", [])
+    doc_field, q_field = ("formatted_kv_records", "key") if example.task == "kv" else ("search_results", "question")
+    text, fields, inner = _fill(load_template(name, variant),
+                                {doc_field: (docs_text, doc_spans), q_field: (example.question, [])})
+    if shown and doc_field not in fields:
+        raise ConfigError(f"template {name} has no {{{doc_field}}} field.")
+    return text, shown, inner, fields.get(q_field, []), name
+
+
+def _char_to_token_span(offsets, start: int, end: int) -> tuple[int, int]:
+    first = next(i for i, (s, e) in enumerate(offsets) if e > start and e > s)
+    last = max(i for i, (s, e) in enumerate(offsets) if s < end and e > s)
+    return first, last + 1
+
+
+def uses_chat(tokenizer, variant: Variant) -> bool:
+    has = bool(getattr(tokenizer, "chat_template", None))
+    if variant.chat and not has:
+        raise ConfigError("chat=True but this tokenizer has no chat template; use chat=None or False.")
+    return has if variant.chat is None else bool(variant.chat)
+
+
+def render(example: Example, tokenizer, variant: Variant = Variant()) -> Prompt:
+    """Render, wrap in the chat template if any, tokenize, and locate every span in tokens."""
+    text, shown, doc_chars, q_chars, name = render_text(example, variant)
+    chat = uses_chat(tokenizer, variant)
+    if chat:
+        wrapped = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
+                                                add_generation_prompt=True)
+        prefix, _, suffix = wrapped.partition(_SENTINEL)
+        full = prefix + text + suffix
+        shift = len(prefix)
+    else:
+        full, shift = text, 0
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError("prompt manifests need a fast tokenizer (offset mapping); load the model's fast one.")
+    enc = tokenizer(full, add_special_tokens=not chat, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    doc_spans = tuple(_char_to_token_span(offsets, s + shift, e + shift) for s, e in doc_chars)
+    q_spans = tuple(_char_to_token_span(offsets, s + shift, e + shift) for s, e in q_chars)
+    gold_index = next((i for i, d in enumerate(shown) if d.is_gold), None)
+    manifest = Manifest(
+        doc_ids=tuple(d.id for d in shown), doc_spans=doc_spans,
+        doc_char_spans=tuple((s + shift, e + shift) for s, e in doc_chars), gold_index=gold_index,
+        question_spans=q_spans, num_tokens=len(ids),
+        sha256=hashlib.sha256(" ".join(map(str, ids)).encode()).hexdigest(),
+        template=f"{variant.template}:{name}", chat=chat)
+    return Prompt(example.id, full, tuple(ids), manifest)

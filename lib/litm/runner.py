@@ -1,0 +1,151 @@
+"""Batched forward passes over rendered prompts: greedy generation, gold log-likelihood, forced choice.
+
+Prompts are sorted by length and left-padded in batches; position ids are computed from the padding
+mask so a padded row sees exactly the positions it would see alone.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from .models import LoadedModel
+from .prompts import Prompt
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What a scoring pass returns for one prompt."""
+
+    prediction: str | None = None
+    gold_loglik: float | None = None
+    gold_rank: int | None = None  # 1 = the gold scored best among the candidates
+    candidate_logliks: tuple[float, ...] | None = None
+    latency_s: float = 0.0
+
+
+def _batches(lengths: Sequence[int], batch_size: int):
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    for start in range(0, len(order), batch_size):
+        yield order[start:start + batch_size]
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device):
+    import torch
+
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
+def _cache_kwarg(model) -> str:
+    """transformers renamed `past_key_values` to `cache` in 5.x; use whichever this version takes."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _cont_ids(lm: LoadedModel, prompt: Prompt, answer: str) -> list[int]:
+    ids = lm.tokenizer(prompt.continuation(answer), add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError(f"answer {answer!r} tokenizes to nothing")
+    return ids
+
+
+def loglik(lm: LoadedModel, prompts: Sequence[Prompt], answers: Sequence[str], batch_size: int = 4) -> list[Scored]:
+    """Teacher-forced log-likelihood (natural log, summed over tokens) of each answer after its prompt."""
+    import torch
+
+    conts = [_cont_ids(lm, p, a) for p, a in zip(prompts, answers)]
+    rows = [list(p.input_ids) + c for p, c in zip(prompts, conts)]
+    out: list[Scored | None] = [None] * len(prompts)
+    for batch in _batches([len(r) for r in rows], batch_size):
+        t0 = time.perf_counter()
+        ids, mask, pos = _left_pad([rows[i] for i in batch], lm.tokenizer.pad_token_id, lm.device)
+        keep = max(len(conts[i]) for i in batch) + 1
+        with torch.inference_mode():
+            logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        dt = (time.perf_counter() - t0) / len(batch)
+        for row, i in enumerate(batch):
+            c = torch.tensor(conts[i], device=logp.device)
+            n = len(conts[i])
+            # logits at position t predict token t+1: the answer's tokens are the last n of the row
+            pred = logp[row, keep - 1 - n: keep - 1]
+            out[i] = Scored(gold_loglik=float(pred.gather(-1, c[:, None]).sum()), latency_s=dt)
+    return out  # type: ignore[return-value]
+
+
+def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequence[str]],
+           gold: Sequence[int], batch_size: int = 4) -> list[Scored]:
+    """Forced choice: score every candidate answer after its prompt; the prompt is prefilled once.
+
+    `gold[i]` is the index of the right answer in `candidates[i]`; ties count against the gold.
+    """
+    import torch
+
+    out: list[Scored | None] = [None] * len(prompts)
+    for batch in _batches([len(p.input_ids) for p in prompts], batch_size):
+        t0 = time.perf_counter()
+        ids, mask, pos = _left_pad([list(prompts[i].input_ids) for i in batch], lm.tokenizer.pad_token_id, lm.device)
+        with torch.inference_mode():
+            pre = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        first_logp = torch.log_softmax(pre.logits[:, -1].float(), dim=-1)
+        for row, i in enumerate(batch):
+            cands = [_cont_ids(lm, prompts[i], a) for a in candidates[i]]
+            n_c, width = len(cands), max(len(c) for c in cands)
+            cache = copy.deepcopy(pre.past_key_values)
+            cache.batch_select_indices(torch.tensor([row] * n_c, device=lm.device))
+            cand_ids = torch.full((n_c, width), lm.tokenizer.pad_token_id, dtype=torch.long)
+            cand_mask = torch.zeros((n_c, width), dtype=torch.long)
+            for j, c in enumerate(cands):
+                cand_ids[j, :len(c)] = torch.tensor(c)
+                cand_mask[j, :len(c)] = 1
+            cand_ids, cand_mask = cand_ids.to(lm.device), cand_mask.to(lm.device)
+            full_mask = torch.cat([mask[row:row + 1].expand(n_c, -1), cand_mask], dim=1)
+            start = int(mask[row].sum())
+            cpos = (start + torch.arange(width, device=lm.device)).expand(n_c, -1)
+            scores = first_logp[row, cand_ids[:, 0]]
+            if width > 1:
+                with torch.inference_mode():
+                    logits = lm.model(input_ids=cand_ids[:, :-1], attention_mask=full_mask[:, :-1],
+                                      position_ids=cpos[:, :-1], use_cache=True,
+                                      **{_cache_kwarg(lm.model): cache}).logits
+                lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, cand_ids[:, 1:, None])[..., 0]
+                scores = scores + (lp * cand_mask[:, 1:]).sum(-1)
+            s = scores.tolist()
+            g = gold[i]
+            rank = 1 + sum(1 for j, v in enumerate(s) if j != g and v >= s[g])
+            out[i] = Scored(gold_loglik=s[g], gold_rank=rank, candidate_logliks=tuple(s))
+        dt = (time.perf_counter() - t0) / len(batch)
+        for i in batch:
+            out[i] = Scored(gold_loglik=out[i].gold_loglik, gold_rank=out[i].gold_rank,
+                            candidate_logliks=out[i].candidate_logliks, latency_s=dt)
+    return out  # type: ignore[return-value]
+
+
+def generate(lm: LoadedModel, prompts: Sequence[Prompt], max_new_tokens: int = 100,
+             batch_size: int = 4) -> list[Scored]:
+    """Greedy decoding that stops at a newline, end of turn or `max_new_tokens` (the paper used 100)."""
+    import torch
+
+    out: list[Scored | None] = [None] * len(prompts)
+    tok = lm.tokenizer
+    for batch in _batches([len(p.input_ids) for p in prompts], batch_size):
+        t0 = time.perf_counter()
+        ids, mask, _ = _left_pad([list(prompts[i].input_ids) for i in batch], tok.pad_token_id, lm.device)
+        with torch.inference_mode():
+            gen = lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                    do_sample=False, temperature=None, top_p=None, top_k=None,
+                                    stop_strings=["\n"], tokenizer=tok, pad_token_id=tok.pad_token_id)
+        dt = (time.perf_counter() - t0) / len(batch)
+        for row, i in enumerate(batch):
+            text = tok.decode(gen[row, ids.shape[1]:], skip_special_tokens=True)
+            out[i] = Scored(prediction=text.split("\n", 1)[0].strip() if text.strip() else text.strip(),
+                            latency_s=dt)
+    return out  # type: ignore[return-value]
