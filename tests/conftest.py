@@ -1,0 +1,62 @@
+"""Shared fixtures: a tiny randomly initialised Llama-shaped model with a small trained BPE tokenizer."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))  # also works before `pip install -e .`
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def build_tiny_model(directory: Path, chat: bool = False, max_positions: int = 2048, seed: int = 0) -> Path:
+    """Write a 2-layer Llama (grouped-query attention) and a byte-level BPE tokenizer to `directory`."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from litm.data import fictional_qa_records, kv_records
+
+    corpus = []
+    for r in fictional_qa_records(20, 5, seed=99):
+        corpus.append(r["question"])
+        corpus += [c["title"] + " " + c["text"] for c in r["ctxs"]]
+    for r in kv_records(10, 5, seed=99):
+        corpus += [f'"{k}": "{v}",' for k, v in r["ordered_kv_records"]]
+    specials = ["<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                      bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).float().eval()
+    model.save_pretrained(directory)
+    fast.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_model_dir):
+    from litm.models import load_model
+
+    return load_model(str(tiny_model_dir), device="cpu", dtype="float32", reuse=False)

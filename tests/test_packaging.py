@@ -1,0 +1,49 @@
+"""The project's own files agree: environment.yml mirrors pyproject, lib/ is not ignored, notebooks are clean."""
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _name(spec: str) -> str:
+    return re.split(r"[<>=!~ ;\[]", spec, maxsplit=1)[0].lower()
+
+
+def test_environment_yml_mirrors_pyproject():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    pip = [p for p in pip if not p.startswith("-e")]
+    assert sorted(pip) == sorted(deps), "same packages with the same version ranges"
+    assert {_name(d) for d in deps} == {_name(p) for p in pip}
+
+
+def test_constraints_pin_everything_but_torch():
+    pins = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if line and not line.startswith("#")]
+    names = {_name(p) for p in pins}
+    assert all("==" in p for p in pins)
+    assert "torch" not in names, "torch is never replaced: the Makefile installs it only when missing"
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert {_name(d) for d in deps} - {"torch"} <= names
+
+
+def test_gitignore_keeps_the_library():
+    r = subprocess.run(["git", "check-ignore", "-q", "lib/litm/__init__.py"], cwd=ROOT)
+    assert r.returncode == 1
+
+
+def test_notebooks_are_committed_without_outputs():
+    nbs = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert len(nbs) >= 2
+    for p in nbs:
+        nb = json.loads(p.read_text())
+        for c in nb["cells"]:
+            if c["cell_type"] == "code":
+                assert not c.get("outputs") and c.get("execution_count") is None, p.name
+        first = next(c for c in nb["cells"] if c["cell_type"] == "code")
+        assert "MODEL =" in "".join(first["source"]), f"{p.name}: the first code cell is the config"
