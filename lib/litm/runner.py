@@ -99,7 +99,7 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
         for row, i in enumerate(batch):
             cands = [_cont_ids(lm, prompts[i], a) for a in candidates[i]]
             n_c, width = len(cands), max(len(c) for c in cands)
-            cache = copy.deepcopy(pre.past_key_values)
+            cache = copy.deepcopy(pre["cache"] if "cache" in pre else pre["past_key_values"])
             cache.batch_select_indices(torch.tensor([row] * n_c, device=lm.device))
             cand_ids = torch.full((n_c, width), lm.tokenizer.pad_token_id, dtype=torch.long)
             cand_mask = torch.zeros((n_c, width), dtype=torch.long)
