@@ -112,6 +112,30 @@ def test_prompts_longer_than_the_window_are_skipped_and_counted(tmp_path):
     assert s.loc["oracle", "n"] == 3
 
 
+def test_a_sweep_that_cannot_render_writes_nothing(tiny_lm, tmp_path):
+    cfg = SweepConfig(task="qa", num_docs=3, positions=(0,), limit=2, template="paper",
+                      data_dir=str(tmp_path / "no-paper-files"), results_dir=str(tmp_path / "r"), progress=False)
+    with pytest.raises(DataError, match="litm fetch liu2023"):
+        sweep(cfg, tiny_lm)
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def test_results_of_a_data_file_are_keyed_by_its_content(tiny_lm, tmp_path):
+    from litm.data import fictional_qa_records, write_jsonl
+
+    a = write_jsonl(fictional_qa_records(2, 3, seed=5), tmp_path / "a" / "qa.jsonl")
+    b = write_jsonl(fictional_qa_records(2, 3, seed=5), tmp_path / "b" / "copy.jsonl")
+    c = write_jsonl(fictional_qa_records(2, 3, seed=6), tmp_path / "c" / "qa.jsonl")
+    h = [config_hash(run_config(SweepConfig(task="qa", data=str(p), num_docs=3, positions=(0,), limit=2), "documents", 0))
+         for p in (a, b, c)]
+    assert h[0] != h[2], "other content, other results"
+    assert h[0] != h[1], "the file name is part of the key"
+    moved = tmp_path / "moved" / "qa.jsonl"
+    moved.parent.mkdir()
+    a.rename(moved)
+    assert config_hash(run_config(SweepConfig(task="qa", data=str(moved), num_docs=3, positions=(0,), limit=2), "documents", 0)) == h[0]
+
+
 def _records(results: Path) -> dict:
     out = {}
     for f in sorted(results.glob("*/records.jsonl")):

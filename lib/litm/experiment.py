@@ -1,6 +1,7 @@
 """Position sweeps: a typed config, expanded into one run per condition, each stored under its hash."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -90,10 +91,19 @@ def run_config(config: SweepConfig, condition: str, position: int | None) -> dic
         d.pop("sentences_per_doc")
     if config.data == "generated":
         d["data"] = f"generated-{config.task}"
-    else:
-        d["data"] = str(Path(config.data).resolve())
+    else:  # by content, so results stay valid when the file or the repository moves
+        d["data"] = {"file": Path(config.data).name, "sha256": _file_sha256(config.data)}
     d.update(condition=condition, position=position)
     return d
+
+
+@functools.lru_cache(maxsize=32)
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def config_hash(d: dict) -> str:
@@ -171,6 +181,8 @@ def sweep(config: SweepConfig, model: LoadedModel | None = None):
             candidates(e)
     lm = model or load_model(config.model)
     conds = config.conditions()
+    for cond, pos in conds:  # a template or condition that cannot render fails before anything is written
+        _prompt_for(examples[0], cond, pos, config, lm.tokenizer)
     stores = {}
     for cond, pos in conds:
         rc = run_config(config, cond, pos)

@@ -45,7 +45,7 @@ def position_curve(df, label_by: str | None = None, ax=None, title: str | None =
         s = summarize(g)
         docs = s[s["condition"] == "documents"].sort_values("position")
         x = docs["position"].astype(int).to_numpy() + 1
-        ax.plot(x, docs[y], marker="o", color=color, label=label if label is not None else "documents")
+        ax.plot(x, docs[y], marker="o", color=color, label=label if label is not None else "full context")
         ax.fill_between(x, docs[lo], docs[hi], color=color, alpha=0.2)
         for cond, style in (("closedbook", "--"), ("oracle", ":")):
             row = s[s["condition"] == cond]

@@ -146,6 +146,5 @@ def generate(lm: LoadedModel, prompts: Sequence[Prompt], max_new_tokens: int = 1
         dt = (time.perf_counter() - t0) / len(batch)
         for row, i in enumerate(batch):
             text = tok.decode(gen[row, ids.shape[1]:], skip_special_tokens=True)
-            out[i] = Scored(prediction=text.split("\n", 1)[0].strip() if text.strip() else text.strip(),
-                            latency_s=dt)
+            out[i] = Scored(prediction=text, latency_s=dt)  # metrics cut at the first newline
     return out  # type: ignore[return-value]
