@@ -11,7 +11,7 @@ from . import runner
 from .data import generate_fictional_qa, generate_kv, read_examples
 from .errors import ConfigError
 from .metrics import best_subspan_em, kv_match
-from .models import DEFAULT_MODEL, LoadedModel, load_model
+from .models import DEFAULT_MODEL, LoadedModel, file_sha256, load_model
 from .ordering import gold_at, with_num_documents
 from .prompts import Prompt, Variant, render
 from .store import ResultStore
@@ -97,13 +97,7 @@ def run_config(config: SweepConfig, condition: str, position: int | None) -> dic
     return d
 
 
-@functools.lru_cache(maxsize=32)
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+_file_sha256 = functools.lru_cache(maxsize=32)(file_sha256)
 
 
 def config_hash(d: dict) -> str:

@@ -68,7 +68,8 @@ def cache_root() -> Path:
     return Path(os.environ.get("LITM_CACHE", Path.home() / ".cache" / "litm")) / "models"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes, read in blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -101,7 +102,7 @@ def gguf_to_safetensors(gguf: Path, cache: Path | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import torch
 
-    digest = _sha256(gguf)
+    digest = file_sha256(gguf)
     target = (cache or cache_root()) / f"{gguf.stem}-{digest[:16]}"
     if (target / "litm-source.json").is_file():
         return target
