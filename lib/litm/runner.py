@@ -96,6 +96,7 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
         with torch.inference_mode():
             pre = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         first_logp = torch.log_softmax(pre.logits[:, -1].float(), dim=-1)
+        scored = []
         for row, i in enumerate(batch):
             cands = [_cont_ids(lm, prompts[i], a) for a in candidates[i]]
             n_c, width = len(cands), max(len(c) for c in cands)
@@ -118,14 +119,12 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
                                       **{_cache_kwarg(lm.model): cache}).logits
                 lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, cand_ids[:, 1:, None])[..., 0]
                 scores = scores + (lp * cand_mask[:, 1:]).sum(-1)
-            s = scores.tolist()
+            scored.append(scores.tolist())
+        dt = (time.perf_counter() - t0) / len(batch)
+        for i, s in zip(batch, scored):
             g = gold[i]
             rank = 1 + sum(1 for j, v in enumerate(s) if j != g and v >= s[g])
-            out[i] = Scored(gold_loglik=s[g], gold_rank=rank, candidate_logliks=tuple(s))
-        dt = (time.perf_counter() - t0) / len(batch)
-        for i in batch:
-            out[i] = Scored(gold_loglik=out[i].gold_loglik, gold_rank=out[i].gold_rank,
-                            candidate_logliks=out[i].candidate_logliks, latency_s=dt)
+            out[i] = Scored(gold_loglik=s[g], gold_rank=rank, candidate_logliks=tuple(s), latency_s=dt)
     return out  # type: ignore[return-value]
 
 
