@@ -44,6 +44,20 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--figure", default=None, help="also save the position curve as figures/NAME.png/.pdf")
     s.add_argument("--device", default=None)
     s.add_argument("--dtype", default=None)
+
+    r = sub.add_parser("report", help="markdown + LaTeX tables, tests and figures from stored results")
+    r.add_argument("results", nargs="+", help="results folders (a run folder or a folder of them)")
+    r.add_argument("--out", default="reports", help="where report.md, report.tex and the figures go")
+    r.add_argument("--n-boot", type=int, default=10_000)
+    r.add_argument("--seed", type=int, default=0)
+
+    c = sub.add_parser("compare", help="do two runs differ in their position profile? exit 1 on a regression")
+    c.add_argument("a", help="results of run A (the reference)")
+    c.add_argument("b", help="results of run B (the candidate)")
+    c.add_argument("--n-boot", type=int, default=10_000)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--different-configs", action="store_true",
+                   help="allow A and B to differ in more than the model (they are listed)")
     return ap
 
 
@@ -56,6 +70,21 @@ def main(argv: list[str] | None = None) -> int:
             paths = fetch_liu2023(args.dest, base_url=args.url)
             print(f"{len(paths)} files in {args.dest}")
             return 0
+        if args.command == "report":
+            from .report import write_report
+
+            out = write_report(args.results, args.out, n_boot=args.n_boot, seed=args.seed)
+            print(out["markdown"])
+            print(f"wrote {Path(args.out) / 'report.md'}, {Path(args.out) / 'report.tex'} and "
+                  f"{len(out['figures'])} figure files")
+            return 0
+        if args.command == "compare":
+            from .report import compare
+
+            result = compare(args.a, args.b, n_boot=args.n_boot, seed=args.seed,
+                             different_configs=args.different_configs)
+            print(result.text)
+            return 1 if result.verdict == "regression" else 0
         from .experiment import SweepConfig, summarize, sweep
         from .models import load_model
 

@@ -19,3 +19,7 @@ class ModelError(LitmError):
 
 class FetchError(LitmError):
     """A download failed or a downloaded file does not verify."""
+
+
+class StatsError(LitmError):
+    """A statistic was asked of data that cannot support it (unpaired, empty, mixed configs)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from . import runner
@@ -42,6 +42,7 @@ class SweepConfig:
     limit: int | None = 50  # examples (the first `limit` of the data)
     seed: int = 0  # seed of the generated data
     sentences_per_doc: int = 3  # generated QA only
+    generate_docs: int | None = None  # generated data: make this many documents, keep num_docs (shared questions)
     max_new_tokens: int = 100  # generate only
     batch_size: int = 4
     results_dir: str = "results"
@@ -89,6 +90,8 @@ def run_config(config: SweepConfig, condition: str, position: int | None) -> dic
         d.pop("max_new_tokens")
     if not (config.task == "qa" and config.data == "generated"):
         d.pop("sentences_per_doc")
+    if config.generate_docs is None or config.data != "generated":
+        d.pop("generate_docs")
     if config.data == "generated":
         d["data"] = f"generated-{config.task}"
     else:  # by content, so results stay valid when the file or the repository moves
@@ -108,10 +111,11 @@ def config_hash(d: dict) -> str:
 def load_examples(config: SweepConfig) -> list[Example]:
     """The sweep's examples, cut to `num_docs` documents (the gold and the first distractors)."""
     if config.data == "generated":
+        n = max(config.num_docs, config.generate_docs or 0)
         if config.task == "kv":
-            examples = generate_kv(config.limit, config.num_docs, config.seed)
+            examples = generate_kv(config.limit, n, config.seed)
         else:
-            examples = generate_fictional_qa(config.limit, config.num_docs, config.seed, config.sentences_per_doc)
+            examples = generate_fictional_qa(config.limit, n, config.seed, config.sentences_per_doc)
     else:
         examples = read_examples(config.data, config.task, config.limit)
     return [with_num_documents(e, config.num_docs) for e in examples]
@@ -163,12 +167,15 @@ def _needed_tokens(lm: LoadedModel, example: Example, prompt: Prompt, config: Sw
 def sweep(config: SweepConfig, model: LoadedModel | None = None):
     """Run (or resume) every condition of a sweep; returns one row per example and condition.
 
+    `model`, when given, is used instead of loading `config.model`, and its name is recorded.
     Examples already stored under a condition's config hash are skipped.  A prompt longer than the
     model's window is recorded with status "too_long" and no score, never truncated.
     """
     import pandas as pd
     from tqdm.auto import tqdm
 
+    if model is not None and model.name != config.model:  # results are named after the model really used
+        config = replace(config, model=model.name)
     examples = load_examples(config)
     if config.scoring == "choice":
         for e in examples:
@@ -245,4 +252,68 @@ def summarize(df, by=("condition", "position")):
             row.update(mean_loglik=m, loglik_ci_low=lo, loglik_ci_high=hi)
         row["mean_prompt_tokens"] = float(g["prompt_tokens"].mean())
         out.append(row)
-    return pd.DataFrame(out)
+    table = pd.DataFrame(out)
+    if list(by) == ["condition", "position"]:  # gold positions in order, then the baselines
+        order = {"documents": 0, "closedbook": 1, "oracle": 2}
+        table = table.sort_values(["condition", "position"], key=lambda c: c.map(order) if c.name == "condition"
+                                  else c).reset_index(drop=True)
+    return table
+
+
+def depth_positions(num_docs: int, depths: int) -> list[int]:
+    """Gold positions at `depths` evenly spaced relative depths (0 = first document, 1 = last)."""
+    if depths < 2:
+        raise ConfigError(f"need at least two depths, got {depths}.")
+    return sorted({round(i * (num_docs - 1) / (depths - 1)) for i in range(depths)})
+
+
+def docs_for_length(config: SweepConfig, tokenizer, target: int, most: int = 400) -> int:
+    """How many documents make the first example's prompt closest to `target` tokens (never above)."""
+
+    probe = replace(config, limit=1, num_docs=1, positions=(0,), generate_docs=None)
+    if config.data == "generated":
+        example = load_examples(replace(probe, num_docs=most))[0]
+    else:  # a data file holds a fixed number of documents per example
+        example = read_examples(config.data, config.task, 1)[0]
+        most = len(example.documents)
+
+    def tokens(n: int) -> int:
+        ex = with_num_documents(example, n)
+        return len(_prompt_for(ex, "documents", 0, probe, tokenizer).input_ids)
+
+    lo, hi = 1, most
+    if tokens(1) > target:
+        raise ConfigError(f"a target length of {target} tokens is shorter than a one-document prompt "
+                          f"({tokens(1)} tokens); use longer lengths.")
+    while lo < hi:  # largest n with tokens(n) <= target
+        mid = (lo + hi + 1) // 2
+        if tokens(mid) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def grid(config: SweepConfig, lengths, depths: int = 10, model: LoadedModel | None = None):
+    """Position x length grid: the gold rotated over `depths` evenly spaced depths at each target prompt
+    length (in tokens, up to the model's window).  The same questions serve every length (their
+    documents are cut from one generated pool).  Returns sweep records plus `target_length` and `depth`."""
+    import pandas as pd
+
+    lm = model or load_model(config.model)
+    too_long = [L for L in lengths if L > lm.window]
+    if too_long:
+        raise ConfigError(f"lengths {too_long} exceed the model's window of {lm.window} tokens.")
+    sizes = {L: docs_for_length(config, lm.tokenizer, L) for L in lengths}
+    short = [L for L, n in sizes.items() if n < 2]
+    if short:
+        raise ConfigError(f"lengths {short} fit only one document: nothing to move; use longer lengths.")
+    pool = max(sizes.values())
+    frames = []
+    for L in lengths:
+        n = sizes[L]
+        cfg = replace(config, num_docs=n, positions=tuple(depth_positions(n, depths)), closedbook=False,
+                      oracle=False, generate_docs=pool if config.data == "generated" else None)
+        df = sweep(cfg, lm)
+        frames.append(df.assign(target_length=L, depth=df["position"] / max(1, n - 1)))
+    return pd.concat(frames, ignore_index=True)

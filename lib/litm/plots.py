@@ -87,3 +87,42 @@ def describe_curve(df) -> str:
         edges, middle = (vals[0] + vals[-1]) / 2, float(np.min(vals[1:-1]))
         text += f". Edges average {fmt(edges)} against {fmt(middle)} at the weakest middle position."
     return text
+
+
+def depth_length_heatmap(df, depths: int = 10, ax=None, title: str | None = None):
+    """Needle-in-a-haystack style heatmap: rows are the gold's depth, columns the prompt length; cells are
+    accuracy (or mean gold log-likelihood) at the position nearest that depth for that length."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    metric = _metric(df)
+    value = "correct" if metric == "accuracy" else "gold_loglik"
+    ok = df[df["status"] == "ok"]
+    lengths = sorted(ok["target_length"].unique())
+    levels = [i / (depths - 1) for i in range(depths)]
+    cells = pd.DataFrame(index=[f"{round(100 * d)}%" for d in levels], columns=lengths, dtype=float)
+    for L in lengths:
+        g = ok[ok["target_length"] == L]
+        n = int(g["num_docs"].iloc[0])
+        for d, label in zip(levels, cells.index):
+            cells.loc[label, L] = g.loc[g["position"] == round(d * (n - 1)), value].astype(float).mean()
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(1.4 * len(lengths) + 2.5, 5))
+    else:
+        fig = ax.figure
+    cmap = "RdYlGn"
+    im = ax.imshow(cells.to_numpy(dtype=float), aspect="auto", cmap=cmap,
+                   vmin=0 if metric == "accuracy" else None, vmax=1 if metric == "accuracy" else None)
+    ax.set_xticks(range(len(lengths)), [str(int(L)) for L in lengths])
+    ax.set_yticks(range(depths), cells.index)
+    ax.set_xlabel("Prompt length (target, tokens)")
+    ax.set_ylabel("Depth of the gold document")
+    for (i, j), v in np.ndenumerate(cells.to_numpy(dtype=float)):
+        if not np.isnan(v):
+            ax.text(j, i, f"{100 * v:.0f}" if metric == "accuracy" else f"{v:.1f}", ha="center", va="center",
+                    fontsize=7)
+    fig.colorbar(im, ax=ax, label="Accuracy" if metric == "accuracy" else "Mean gold log-likelihood")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig

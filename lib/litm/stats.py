@@ -1,12 +1,23 @@
-"""Interval estimates for accuracies and means (the statistics issue extends this room)."""
+"""Honest statistics for position experiments: intervals, paired resampling and tests, models, power.
+
+Every condition of a position sweep uses the same questions, so comparisons between conditions are
+paired: the bootstrap resamples question ids, McNemar and Cochran's Q use per-question agreement, and
+the logistic model clusters by question.
+"""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
+from .errors import StatsError
 
-def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+Z95 = 1.959963984540054
+
+
+def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     """Wilson score interval for k successes out of n (95% by default); (nan, nan) when n is 0."""
     if n == 0:
         return float("nan"), float("nan")
@@ -16,7 +27,7 @@ def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if k == 0 else max(0.0, centre - half)), (1.0 if k == n else min(1.0, centre + half))
 
 
 def mean_interval(values, level: float = 0.95) -> tuple[float, float, float]:
@@ -31,3 +42,238 @@ def mean_interval(values, level: float = 0.95) -> tuple[float, float, float]:
         return m, float("nan"), float("nan")
     half = float(st.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
     return m, m - half, m + half
+
+
+# ----------------------------------------------------------------------------- paired tables
+@dataclass(frozen=True)
+class PairedTable:
+    """One value per question (rows) and condition (columns), every row complete."""
+
+    ids: tuple[str, ...]
+    conditions: tuple  # condition keys: a gold position (int), "closedbook" or "oracle"
+    values: np.ndarray  # [questions, conditions], float
+    dropped: int = 0  # questions left out because some condition has no score (e.g. too long)
+
+    def column(self, condition) -> np.ndarray:
+        return self.values[:, self.conditions.index(condition)]
+
+    @property
+    def binary(self) -> bool:
+        return bool(np.isin(self.values, (0.0, 1.0)).all())
+
+
+def value_column(df) -> str:
+    """`correct` when the records have it (accuracy), else `gold_loglik`."""
+    if "correct" in df and df["correct"].notna().any():
+        return "correct"
+    if "gold_loglik" in df and df["gold_loglik"].notna().any():
+        return "gold_loglik"
+    raise StatsError("the records have neither correctness nor gold log-likelihoods to analyse.")
+
+
+def condition_key(row) -> object:
+    return int(row["position"]) if row["condition"] == "documents" else row["condition"]
+
+
+def paired_table(df, value: str | None = None, conditions: Sequence | None = None) -> PairedTable:
+    """Pivot sweep records into a question x condition table; conditions are gold positions (ints) in
+    order, then "closedbook" and "oracle".  Different question sets across conditions are an error."""
+    if len(df) == 0:
+        raise StatsError("no records: there is nothing to analyse.")
+    value = value or value_column(df)
+    df = df.assign(_key=[condition_key(r) for _, r in df[["condition", "position"]].iterrows()])
+    ids_by = {k: set(g["example_id"]) for k, g in df.groupby("_key", sort=False)}
+    d = df[df["status"] == "ok"] if "status" in df else df
+    keys = list(conditions) if conditions is not None else sorted(
+        ids_by, key=lambda k: (1, str(k)) if isinstance(k, str) else (0, k))
+    missing = [k for k in keys if k not in ids_by]
+    if missing:
+        raise StatsError(f"conditions {missing} have no examples.")
+    dup = df.duplicated(subset=["example_id", "_key"])
+    if dup.any():
+        raise StatsError(f"{int(dup.sum())} questions appear twice under one condition; results of different "
+                         "runs are mixed. Analyse one sweep at a time (report groups them by sweep).")
+    sets = [ids_by[k] for k in keys]
+    if any(s != sets[0] for s in sets):
+        sizes = {str(k): len(s) for k, s in zip(keys, sets)}
+        raise StatsError(f"the conditions do not hold the same questions ({sizes}); a paired analysis needs "
+                         "every condition run on the same examples (same data, seed and limit).")
+    wide = d.pivot_table(index="example_id", columns="_key", values=value, aggfunc="first")
+    wide = wide.reindex(index=sorted(sets[0]), columns=keys).astype(float)
+    complete = wide.dropna()
+    if len(complete) == 0:
+        raise StatsError("no question has a score under every condition (all too long?).")
+    return PairedTable(tuple(complete.index), tuple(keys), complete.to_numpy(), dropped=len(wide) - len(complete))
+
+
+# ----------------------------------------------------------------------------- paired bootstrap
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic, its percentile bootstrap interval and a two-sided bootstrap p-value against 0."""
+
+    value: float
+    low: float
+    high: float
+    p_value: float
+    n: int
+    n_boot: int
+    level: float = 0.95
+
+
+def bootstrap(table: PairedTable, statistic: Callable[[np.ndarray], np.ndarray], n_boot: int = 10_000,
+              seed: int = 0, level: float = 0.95, chunk: int = 1000) -> Estimate:
+    """Paired bootstrap over questions.  `statistic` maps condition means [..., conditions] to a value
+    per row; resampling is a multinomial weighting of the questions, done in matrix products."""
+    n = len(table.ids)
+    if n < 2:
+        raise StatsError(f"a bootstrap needs at least two questions, got {n}.")
+    rng = np.random.default_rng(seed)
+    point = float(statistic(table.values.mean(axis=0)[None, :])[0])
+    draws = []
+    for start in range(0, n_boot, chunk):
+        w = rng.multinomial(n, np.full(n, 1.0 / n), size=min(chunk, n_boot - start))
+        draws.append(statistic(w @ table.values / n))
+    boot = np.concatenate(draws)
+    alpha = (1 - level) / 2
+    low, high = np.quantile(boot, [alpha, 1 - alpha])
+    # (count + 1) / (draws + 1): a bootstrap p-value is never exactly 0
+    p = min(1.0, 2 * (min(np.sum(boot <= 0), np.sum(boot >= 0)) + 1) / (len(boot) + 1))
+    return Estimate(point, float(low), float(high), float(p), n, n_boot, level)
+
+
+def edges_and_middle(positions: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The first and last positions, and the middle one (the two central ones for an even count)."""
+    ps = sorted(positions)
+    if len(ps) < 3:
+        raise StatsError(f"a middle penalty needs at least three gold positions, got {ps}.")
+    k = len(ps)
+    middle = [ps[k // 2]] if k % 2 else [ps[k // 2 - 1], ps[k // 2]]
+    return [ps[0], ps[-1]], middle
+
+
+def penalty_from_means(means: np.ndarray, conditions: Sequence, positions: Sequence[int]) -> np.ndarray:
+    """Mean of the edge positions minus the mean of the middle position(s), row by row."""
+    edges, middle = edges_and_middle(positions)
+    e = [conditions.index(p) for p in edges]
+    m = [conditions.index(p) for p in middle]
+    return means[..., e].mean(axis=-1) - means[..., m].mean(axis=-1)
+
+
+def middle_penalty(df_or_table, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> Estimate:
+    """Accuracy (or log-likelihood) at the first and last positions averaged, minus the middle, with a
+    paired-bootstrap interval over questions."""
+    t = df_or_table if isinstance(df_or_table, PairedTable) else paired_table(df_or_table)
+    positions = [c for c in t.conditions if isinstance(c, (int, np.integer))]
+    return bootstrap(t, lambda m: penalty_from_means(m, list(t.conditions), positions), n_boot, seed, level)
+
+
+def difference(table: PairedTable, a, b, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> Estimate:
+    """Mean of condition `a` minus mean of condition `b`, paired over questions."""
+    ia, ib = table.conditions.index(a), table.conditions.index(b)
+    return bootstrap(table, lambda m: m[..., ia] - m[..., ib], n_boot, seed, level)
+
+
+# ----------------------------------------------------------------------------- exact and rank tests
+@dataclass(frozen=True)
+class TestResult:
+    name: str
+    statistic: float
+    p_value: float
+    detail: dict
+
+
+def _binary(x, what: str) -> np.ndarray:
+    x = np.asarray(x, dtype=float)
+    if not np.isin(x, (0.0, 1.0)).all():
+        raise StatsError(f"{what} needs right/wrong outcomes (0/1); these records hold continuous scores.")
+    return x
+
+
+def mcnemar_exact(a, b) -> TestResult:
+    """McNemar's exact test for paired right/wrong outcomes under two conditions."""
+    from scipy.stats import binomtest
+
+    a, b = _binary(a, "McNemar's test"), _binary(b, "McNemar's test")
+    if a.shape != b.shape:
+        raise StatsError(f"McNemar's test needs paired outcomes: got {a.size} and {b.size} questions.")
+    only_a = int(((a == 1) & (b == 0)).sum())
+    only_b = int(((a == 0) & (b == 1)).sum())
+    n = only_a + only_b
+    p = 1.0 if n == 0 else float(binomtest(min(only_a, only_b), n, 0.5).pvalue)
+    return TestResult("McNemar exact", float(min(only_a, only_b)), p, {"only_first": only_a, "only_second": only_b})
+
+
+def cochrans_q(values) -> TestResult:
+    """Cochran's Q: do k paired right/wrong conditions share one success rate?  Chi-square, k-1 df."""
+    from scipy.stats import chi2
+
+    x = _binary(values, "Cochran's Q")
+    n, k = x.shape
+    if k < 2:
+        raise StatsError("Cochran's Q needs at least two conditions.")
+    col, row = x.sum(axis=0), x.sum(axis=1)
+    total = x.sum()
+    denom = k * total - (row ** 2).sum()
+    q = 0.0 if denom == 0 else float((k - 1) * (k * (col ** 2).sum() - total ** 2) / denom)
+    return TestResult("Cochran's Q", q, float(chi2.sf(q, k - 1)), {"df": k - 1, "n": n})
+
+
+# ----------------------------------------------------------------------------- models
+def position_length_model(df, depth: str = "gold_rel_depth", length: str = "prompt_tokens",
+                          cluster: str = "example_id", quadratic: bool = True):
+    """Logistic GEE of correctness on depth and length with their interaction, clustered by question.
+
+    Depth enters as centred depth and its square (a U-shape is quadratic), length in thousands of
+    tokens.  Returns (coefficient table, fitted result); the table has estimate, se, z, p and a 95% CI.
+    """
+    import pandas as pd
+    import statsmodels.api as sm
+    import statsmodels.formula.api as smf
+
+    d = df[(df["status"] == "ok") & (df["condition"] == "documents")] if "status" in df else df
+    d = d.dropna(subset=["correct", depth, length])
+    if d[cluster].nunique() < 2 or d["correct"].nunique() < 2:
+        raise StatsError("the model needs at least two questions and both right and wrong answers.")
+    d = pd.DataFrame({"y": d["correct"].astype(float), "depth": d[depth].astype(float) - 0.5,
+                      "length_k": d[length].astype(float) / 1000.0, "g": d[cluster].astype(str)})
+    formula = "y ~ depth * length_k" + (" + I(depth ** 2) + I(depth ** 2):length_k" if quadratic else "")
+    fit = smf.gee(formula, "g", d, family=sm.families.Binomial(),
+                  cov_struct=sm.cov_struct.Exchangeable()).fit()
+    ci = fit.conf_int()
+    table = pd.DataFrame({"estimate": fit.params, "se": fit.bse, "z": fit.tvalues, "p": fit.pvalues,
+                          "ci_low": ci[0], "ci_high": ci[1]})
+    return table, fit
+
+
+# ----------------------------------------------------------------------------- power
+def questions_needed(penalty: float, sd: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Questions needed to detect a middle penalty with a two-sided paired t-test at `alpha` and `power`.
+
+    `sd` is the standard deviation over questions of the per-question penalty (edges mean minus middle),
+    e.g. from a pilot sweep via `penalty_sd`.  Solved exactly on the noncentral t distribution.
+    """
+    from scipy import stats as st
+
+    if penalty == 0 or sd <= 0:
+        raise StatsError("need a non-zero penalty and a positive standard deviation.")
+    d = abs(penalty) / sd
+
+    def achieved(n: int) -> float:
+        df = n - 1
+        crit = st.t.ppf(1 - alpha / 2, df)
+        nc = d * math.sqrt(n)
+        return float(st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc))
+
+    n = max(2, math.ceil(((st.norm.ppf(1 - alpha / 2) + st.norm.ppf(power)) / d) ** 2))
+    while achieved(n) < power:
+        n += 1
+    while n > 2 and achieved(n - 1) >= power:
+        n -= 1
+    return n
+
+
+def penalty_sd(table: PairedTable) -> float:
+    """Standard deviation over questions of the per-question middle penalty (for `questions_needed`)."""
+    positions = [c for c in table.conditions if isinstance(c, (int, np.integer))]
+    per_q = penalty_from_means(table.values, list(table.conditions), positions)
+    return float(np.std(per_q, ddof=1))

@@ -1,0 +1,250 @@
+"""Paper-ready reports from stored results: tables (markdown, LaTeX), tests and figures; and `compare`,
+which says whether two runs differ in their position profile (and can gate a CI pipeline)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import stats
+from .errors import StatsError
+from .experiment import config_hash, summarize
+
+# Config fields that may differ between the two sides of a comparison without being said.
+_COMPARABLE = {"model", "chat"}
+
+
+def _run_dirs(path: Path) -> list[Path]:
+    if (path / "manifest.json").is_file():
+        return [path]
+    return sorted(p.parent for p in path.glob("*/manifest.json"))
+
+
+def load_results(paths) -> "pd.DataFrame":
+    """Records of every run folder under `paths` (a run folder, or a folder of them), with its config.
+
+    Adds `config_hash` (the run) and `sweep_id` (the run's config without its condition: the runs of
+    one sweep share it).
+    """
+    import pandas as pd
+
+    rows = []
+    for p in [Path(x) for x in ([paths] if isinstance(paths, (str, Path)) else paths)]:
+        dirs = _run_dirs(p)
+        if not dirs:
+            raise StatsError(f"{p}: no results (no <hash>/manifest.json below it). Pass a results folder.")
+        for d in dirs:
+            manifest = json.loads((d / "manifest.json").read_text())
+            cfg = dict(manifest["config"])
+            sweep_cfg = {k: v for k, v in cfg.items() if k not in ("condition", "position")}
+            sid = config_hash(sweep_cfg)
+            rec_path = d / "records.jsonl"
+            if not rec_path.is_file():
+                continue
+            for line in rec_path.read_text().splitlines():
+                if line.strip():
+                    try:
+                        r = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a truncated last line: the store redoes it on the next run
+                    rows.append({**r, "model": cfg.get("model"), "task": cfg.get("task"),
+                                 "num_docs": cfg.get("num_docs"), "config_hash": d.name, "sweep_id": sid,
+                                 "_config": json.dumps(sweep_cfg, sort_keys=True)})
+    if not rows:
+        raise StatsError(f"no records under {', '.join(map(str, paths))}.")
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class SweepReport:
+    """The numbers of one sweep: per-condition summary, middle penalty, tests, counts."""
+
+    sweep_id: str
+    config: dict
+    summary: "pd.DataFrame"
+    penalty: stats.Estimate | None
+    tests: list[stats.TestResult]
+    n_questions: int
+    dropped: int
+    value: str
+    runs: list[str]
+
+
+def analyse(df, n_boot: int = 10_000, seed: int = 0) -> list[SweepReport]:
+    """One SweepReport per sweep found in `df` (as given by `load_results`)."""
+    out = []
+    for sid, g in df.groupby("sweep_id", sort=False):
+        table = stats.paired_table(g)
+        value = stats.value_column(g)
+        positions = [c for c in table.conditions if isinstance(c, (int, np.integer))]
+        penalty = stats.middle_penalty(table, n_boot=n_boot, seed=seed) if len(positions) >= 3 else None
+        tests = []
+        if table.binary and len(positions) >= 2:
+            cols = [table.conditions.index(p) for p in positions]
+            tests.append(stats.cochrans_q(table.values[:, cols]))
+            if len(positions) >= 3:
+                _, middle = stats.edges_and_middle(positions)
+                first = stats.mcnemar_exact(table.column(positions[0]), table.column(middle[0]))
+                tests.append(stats.TestResult(f"McNemar exact: position {positions[0] + 1} vs {middle[0] + 1}",
+                                              first.statistic, first.p_value, first.detail))
+        out.append(SweepReport(sid, json.loads(g["_config"].iloc[0]), summarize(g), penalty, tests,
+                               len(table.ids), table.dropped, value, sorted(g["config_hash"].unique())))
+    return out
+
+
+def _cond_label(row) -> str:
+    return f"gold at {int(row.position) + 1}" if row.condition == "documents" else row.condition
+
+
+def _fmt(v: float, pct: bool) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and np.isnan(v)) else (f"{100 * v:.1f}" if pct else f"{v:.3f}")
+
+
+def to_markdown(reports: list[SweepReport]) -> str:
+    lines = ["# Position-sweep report", ""]
+    for r in reports:
+        c = r.config
+        acc = r.value == "correct"
+        lines += [f"## {c.get('task')} · {c.get('model')} · {c.get('num_docs')} documents · {c.get('scoring')}", "",
+                  f"Sweep `{r.sweep_id}`; {r.n_questions} paired questions"
+                  + (f" ({r.dropped} dropped: not scored under every condition)" if r.dropped else "") + ".", ""]
+        head = "| condition | n | too long | accuracy (%) | 95% CI |" if acc else \
+            "| condition | n | too long | mean gold log-lik | 95% CI |"
+        lines += [head, "| --- | ---: | ---: | ---: | --- |"]
+        for row in r.summary.itertuples():
+            v, lo, hi = ((row.accuracy, row.ci_low, row.ci_high) if acc
+                         else (row.mean_loglik, row.loglik_ci_low, row.loglik_ci_high))
+            lines.append(f"| {_cond_label(row)} | {row.n} | {row.too_long} | {_fmt(v, acc)} | "
+                         f"[{_fmt(lo, acc)}, {_fmt(hi, acc)}] |")
+        lines.append("")
+        if r.penalty:
+            p = r.penalty
+            unit = " points" if acc else " nats"
+            lines.append(f"Middle penalty (edges minus middle): {_fmt(p.value, acc)}{unit}, 95% CI "
+                         f"[{_fmt(p.low, acc)}, {_fmt(p.high, acc)}] (paired bootstrap over questions, "
+                         f"{p.n_boot} draws; p = {p.p_value:.3g}).")
+        for t in r.tests:
+            lines.append(f"- {t.name}: statistic {t.statistic:.3g}, p = {t.p_value:.3g}")
+        lines += ["", f"Model: {c.get('model')}; runs (config hashes): {', '.join(r.runs)}", ""]
+    return "\n".join(lines)
+
+
+def to_latex(reports: list[SweepReport]) -> str:
+    out = []
+    for r in reports:
+        c = r.config
+        acc = r.value == "correct"
+        out += [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{lrrr}", r"\toprule",
+                r"Condition & $n$ & " + (r"Accuracy (\%)" if acc else "Mean gold log-lik") + r" & 95\% CI \\",
+                r"\midrule"]
+        for row in r.summary.itertuples():
+            v, lo, hi = ((row.accuracy, row.ci_low, row.ci_high) if acc
+                         else (row.mean_loglik, row.loglik_ci_low, row.loglik_ci_high))
+            out.append(f"{_cond_label(row)} & {row.n} & {_fmt(v, acc)} & [{_fmt(lo, acc)}, {_fmt(hi, acc)}] \\\\")
+        out.append(r"\midrule")
+        if r.penalty:
+            p = r.penalty
+            out.append(f"Middle penalty & {p.n} & {_fmt(p.value, acc)} & [{_fmt(p.low, acc)}, {_fmt(p.high, acc)}] \\\\")
+        model = str(c.get("model")).replace("_", r"\_")
+        tests = "; ".join(f"{t.name} $p={t.p_value:.3g}$" for t in r.tests)
+        out += [r"\bottomrule", r"\end{tabular}",
+                f"\\caption{{{c.get('task')}, {model}, {c.get('num_docs')} documents, {c.get('scoring')} scoring; "
+                f"Wilson (accuracy) or $t$ (log-likelihood) intervals; middle penalty by paired bootstrap. "
+                f"{tests}. Sweep \\texttt{{{r.sweep_id}}}.}}", r"\end{table}", ""]
+    return "\n".join(out)
+
+
+def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, seed: int = 0) -> dict:
+    """Analyse results and write report.md, report.tex and one position-curve figure per sweep."""
+    from .plots import position_curve, save_figure
+
+    df = load_results(paths)
+    reports = analyse(df, n_boot=n_boot, seed=seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md, tex = to_markdown(reports), to_latex(reports)
+    (out / "report.md").write_text(md)
+    (out / "report.tex").write_text(tex)
+    figures = []
+    import matplotlib.pyplot as plt
+
+    for r in reports:
+        g = df[df["sweep_id"] == r.sweep_id]
+        fig = position_curve(g, title=f"{r.config.get('task')} - {r.config.get('model')}")
+        figures += save_figure(fig, f"position-curve-{r.sweep_id}", out)
+        plt.close(fig)
+    return {"markdown": md, "latex": tex, "figures": figures, "reports": reports}
+
+
+# ----------------------------------------------------------------------------- compare
+@dataclass
+class Comparison:
+    verdict: str  # "regression" | "improvement" | "no significant difference"
+    penalty_change: stats.Estimate | None  # B's middle penalty minus A's
+    mean_change: stats.Estimate  # B's mean over positions minus A's
+    differences: dict  # config fields that differ between A and B
+    n_questions: int
+    text: str
+
+
+def _one_sweep(df, side: str):
+    if df["sweep_id"].nunique() != 1:
+        raise StatsError(f"{side} mixes {df['sweep_id'].nunique()} different configs; pass the results of one "
+                         "sweep per side (e.g. one --results folder per model).")
+    return json.loads(df["_config"].iloc[0])
+
+
+def compare(a_paths, b_paths, n_boot: int = 10_000, seed: int = 0, different_configs: bool = False,
+            level: float = 0.95) -> Comparison:
+    """Do runs A and B (same questions, same positions) differ in their position profile?
+
+    Decided by paired bootstraps over questions of the change in middle penalty and in mean accuracy
+    (or log-likelihood) over the gold positions.  A regression is a significantly larger penalty or a
+    significantly lower mean in B.
+    """
+    a, b = load_results(a_paths), load_results(b_paths)
+    ca, cb = _one_sweep(a, "A"), _one_sweep(b, "B")
+    diffs = {k: (ca.get(k), cb.get(k)) for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)}
+    unsaid = {k: v for k, v in diffs.items() if k not in _COMPARABLE}
+    if unsaid and not different_configs:
+        raise StatsError(f"A and B differ in {sorted(unsaid)} ({unsaid}); compare runs that differ only in "
+                         f"the model, or say so with different_configs=True (--different-configs).")
+    a, b = a[a["condition"] == "documents"], b[b["condition"] == "documents"]
+    ta, tb = stats.paired_table(a), stats.paired_table(b)
+    if ta.conditions != tb.conditions:
+        raise StatsError(f"A and B have different gold positions ({ta.conditions} vs {tb.conditions}).")
+    common = sorted(set(ta.ids) & set(tb.ids))
+    if len(common) < 2 or (set(ta.ids) != set(tb.ids) and not different_configs):
+        raise StatsError(f"A and B are not paired: {len(ta.ids)} and {len(tb.ids)} questions, {len(common)} "
+                         "in common. Run both on the same data, seed and limit.")
+    ia = [ta.ids.index(i) for i in common]
+    ib = [tb.ids.index(i) for i in common]
+    k = len(ta.conditions)
+    both = stats.PairedTable(tuple(common), tuple(("A", c) for c in ta.conditions) +
+                             tuple(("B", c) for c in tb.conditions),
+                             np.hstack([ta.values[ia], tb.values[ib]]))
+    positions = list(ta.conditions)
+    mean_change = stats.bootstrap(both, lambda m: m[..., k:].mean(-1) - m[..., :k].mean(-1), n_boot, seed, level)
+    penalty_change = None
+    if len(positions) >= 3:
+        penalty_change = stats.bootstrap(
+            both, lambda m: stats.penalty_from_means(m[..., k:], positions, positions)
+            - stats.penalty_from_means(m[..., :k], positions, positions), n_boot, seed, level)
+    worse = (penalty_change is not None and penalty_change.low > 0) or mean_change.high < 0
+    better = (penalty_change is not None and penalty_change.high < 0) or mean_change.low > 0
+    verdict = "regression" if worse else "improvement" if better else "no significant difference"
+    unit = "points" if ta.binary and tb.binary else "nats"
+    scale = 100 if unit == "points" else 1
+    lines = [f"A: {ca.get('model')}   B: {cb.get('model')}   ({len(common)} paired questions, positions "
+             f"{[p + 1 for p in positions]})"]
+    if diffs:
+        lines.append("Configs differ in: " + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in diffs.items()))
+    for name, e in (("middle penalty, B - A", penalty_change), ("mean over positions, B - A", mean_change)):
+        if e is not None:
+            lines.append(f"{name}: {scale * e.value:+.1f} {unit}, {int(level * 100)}% CI [{scale * e.low:+.1f}, "
+                         f"{scale * e.high:+.1f}] (paired bootstrap, {e.n_boot} draws, p = {e.p_value:.3g})")
+    lines.append(f"verdict: {verdict}"
+                 + (" (decided by the interval that excludes 0 above)" if verdict != "no significant difference" else ""))
+    return Comparison(verdict, penalty_change, mean_change, diffs, len(common), "\n".join(lines))

@@ -1,0 +1,607 @@
+"""Statistics for position sweeps: intervals, paired tables, paired bootstrap, exact tests, GEE, power.
+
+Every expected number below comes from somewhere other than `litm.stats`: statsmodels or scipy called
+directly, a closed form written out here, or a plain-Python loop over the records.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as st
+from statsmodels.stats.contingency_tables import cochrans_q as sm_cochrans_q
+from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
+from statsmodels.stats.power import TTestPower
+from statsmodels.stats.proportion import proportion_confint
+
+from litm.errors import LitmError, StatsError
+from litm.stats import (PairedTable, bootstrap, cochrans_q, difference, edges_and_middle, mcnemar_exact,
+                        middle_penalty, paired_table, penalty_sd, position_length_model, questions_needed,
+                        wilson_interval)
+
+NORMAL_975 = st.norm.ppf(0.975)
+
+
+# ------------------------------------------------------------------------ record builders
+def record(example_id, condition, position=None, correct=None, gold_loglik=None, status="ok", **extra):
+    return {"example_id": example_id, "condition": condition,
+            "position": float("nan") if position is None else position, "status": status,
+            "correct": correct, "gold_loglik": gold_loglik, **extra}
+
+
+def sweep_frame(outcomes: dict, seed: int = 0) -> pd.DataFrame:
+    """`outcomes` maps a condition key (int position, "closedbook", "oracle") to {example_id: correct};
+    rows come out shuffled so that nothing relies on the input order."""
+    rows = []
+    for key, by_id in outcomes.items():
+        for qid, ok in by_id.items():
+            if isinstance(key, str):
+                rows.append(record(qid, key, correct=ok))
+            else:
+                rows.append(record(qid, "documents", key, correct=ok))
+    df = pd.DataFrame(rows)
+    return df.sample(frac=1.0, random_state=seed).reset_index(drop=True)
+
+
+def worked_example(seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """The issue's example: 176, 144, 112, 138, 170 of 200 right at positions 0, 4, 9, 14, 19."""
+    rng = np.random.default_rng(seed)
+    ids = [f"q{i:03d}" for i in range(200)]
+    outcomes = {}
+    for pos, k in zip((0, 4, 9, 14, 19), (176, 144, 112, 138, 170)):
+        right = set(rng.choice(200, size=k, replace=False).tolist())
+        outcomes[pos] = {qid: i in right for i, qid in enumerate(ids)}
+    return sweep_frame(outcomes, seed), outcomes
+
+
+# ------------------------------------------------------------------------ wilson_interval
+@pytest.mark.parametrize("k, n", [(0, 1), (1, 1), (0, 10), (10, 10), (3, 10), (1, 7), (112, 200), (176, 200),
+                                  (0, 200), (200, 200), (5, 1000)])
+def test_wilson_interval_matches_statsmodels(k, n):
+    low, high = wilson_interval(k, n)
+    exp_low, exp_high = proportion_confint(k, n, alpha=0.05, method="wilson")
+    assert low == pytest.approx(exp_low, abs=1e-12)
+    assert high == pytest.approx(exp_high, abs=1e-12)
+    assert 0.0 <= low <= high <= 1.0
+    assert low - 1e-12 <= k / n <= high + 1e-12
+
+
+def test_wilson_interval_other_level_matches_statsmodels():
+    low, high = wilson_interval(30, 80, z=st.norm.ppf(0.995))
+    exp_low, exp_high = proportion_confint(30, 80, alpha=0.01, method="wilson")
+    assert (low, high) == pytest.approx((exp_low, exp_high), abs=1e-12)
+
+
+def test_wilson_interval_of_nothing_is_nan():
+    low, high = wilson_interval(0, 0)
+    assert math.isnan(low) and math.isnan(high)
+
+
+# ------------------------------------------------------------------------ paired_table
+def small_sweep() -> tuple[pd.DataFrame, dict]:
+    ids = ["q3", "q1", "q10", "q2"]
+    rng = np.random.default_rng(5)
+    # 12 sorts before 4 and 9 as text: positions must be ordered as numbers
+    outcomes = {key: {qid: bool(rng.integers(2)) for qid in ids} for key in (9, "oracle", 0, 12, "closedbook", 4)}
+    return sweep_frame(outcomes, seed=3), outcomes
+
+
+def test_paired_table_pivots_sorted_ids_and_ordered_conditions():
+    df, outcomes = small_sweep()
+    t = paired_table(df)
+    assert t.ids == ("q1", "q10", "q2", "q3")  # sorted ids, whatever the input order
+    assert t.conditions == (0, 4, 9, 12, "closedbook", "oracle")
+    assert t.dropped == 0
+    assert t.values.shape == (4, 6)
+    for i, qid in enumerate(t.ids):
+        for j, key in enumerate(t.conditions):
+            assert t.values[i, j] == float(outcomes[key][qid])
+    assert t.binary
+    assert list(t.column(9)) == [float(outcomes[9][q]) for q in t.ids]
+
+
+def test_paired_table_keeps_a_requested_condition_order():
+    df, outcomes = small_sweep()
+    t = paired_table(df, conditions=["oracle", 9, 0])
+    assert t.conditions == ("oracle", 9, 0)
+    assert [list(r) for r in t.values] == [[float(outcomes[k][q]) for k in ("oracle", 9, 0)] for q in t.ids]
+
+
+def test_paired_table_drops_a_too_long_question_from_every_condition():
+    df, outcomes = small_sweep()
+    hit = (df["example_id"] == "q2") & (df["position"] == 4)
+    df["correct"] = df["correct"].astype(object)  # as in real records, where too_long rows hold None
+    df.loc[hit, "status"] = "too_long"
+    df.loc[hit, "correct"] = None
+    t = paired_table(df)
+    assert t.ids == ("q1", "q10", "q3")
+    assert t.dropped == 1
+    assert t.values.shape == (3, 6)
+    for i, qid in enumerate(t.ids):
+        assert list(t.values[i]) == [float(outcomes[k][qid]) for k in t.conditions]
+
+
+def test_paired_table_ignores_a_score_on_a_too_long_row():
+    # A too_long row is unscored even if some value slipped into it.
+    df, _ = small_sweep()
+    df.loc[(df["example_id"] == "q1") & (df["condition"] == "oracle"), "status"] = "too_long"
+    t = paired_table(df)
+    assert "q1" not in t.ids and t.dropped == 1
+
+
+def test_paired_table_rejects_conditions_with_different_questions():
+    df, _ = small_sweep()
+    df = df[~((df["example_id"] == "q3") & (df["condition"] == "oracle"))]
+    with pytest.raises(StatsError, match="do not hold the same questions"):
+        paired_table(df)
+    # a different question rather than a missing one
+    df2, _ = small_sweep()
+    df2.loc[(df2["example_id"] == "q3") & (df2["position"] == 0), "example_id"] = "q99"
+    with pytest.raises(StatsError, match="do not hold the same questions"):
+        paired_table(df2)
+
+
+def test_paired_table_rejects_an_empty_frame():
+    df, _ = small_sweep()
+    with pytest.raises(StatsError):
+        paired_table(df.iloc[0:0])
+    assert issubclass(StatsError, LitmError)
+
+
+def test_paired_table_rejects_a_condition_that_does_not_exist():
+    df, _ = small_sweep()
+    with pytest.raises(StatsError):
+        paired_table(df, conditions=[0, 99])
+    with pytest.raises(StatsError):
+        paired_table(df[df["condition"] == "documents"], conditions=[0, "oracle"])
+
+
+def test_paired_table_all_too_long_is_an_error():
+    df, _ = small_sweep()
+    df["correct"] = df["correct"].astype(object)
+    df.loc[df["position"] == 9, "status"] = "too_long"
+    df.loc[df["position"] == 9, "correct"] = None
+    with pytest.raises(StatsError):
+        paired_table(df)
+
+
+def test_paired_table_uses_gold_loglik_without_correctness():
+    ids = ["a", "b", "c"]
+    loglik = {0: [-1.0, -2.5, -0.25], 5: [-3.0, -0.5, -1.75], "closedbook": [-9.0, -8.0, -7.5]}
+    rows = []
+    for key, vals in loglik.items():
+        for qid, v in zip(ids, vals):
+            if isinstance(key, str):
+                rows.append(record(qid, key, gold_loglik=v))
+            else:
+                rows.append(record(qid, "documents", key, gold_loglik=v))
+    df = pd.DataFrame(rows)
+    assert df["correct"].isna().all()
+    t = paired_table(df)
+    assert t.conditions == (0, 5, "closedbook")
+    assert t.values.tolist() == [[loglik[k][i] for k in t.conditions] for i in range(3)]
+    assert not t.binary
+
+
+def test_paired_table_explicit_value_column():
+    df, _ = small_sweep()
+    df["gold_loglik"] = -np.arange(len(df), dtype=float)
+    t = paired_table(df, value="gold_loglik")
+    expected = {(r.example_id, r.position if r.condition == "documents" else r.condition): r.gold_loglik
+                for r in df.itertuples()}
+    for i, qid in enumerate(t.ids):
+        for j, key in enumerate(t.conditions):
+            assert t.values[i, j] == expected[(qid, float(key) if isinstance(key, int) else key)]
+
+
+# ------------------------------------------------------------------------ middle penalty, worked example
+def test_edges_and_middle_odd_and_even():
+    assert edges_and_middle([0, 4, 9, 14, 19]) == ([0, 19], [9])
+    assert edges_and_middle([19, 0, 14, 9, 4]) == ([0, 19], [9])
+    assert edges_and_middle([0, 3, 6, 9]) == ([0, 9], [3, 6])
+    assert edges_and_middle([9, 0, 6, 3]) == ([0, 9], [3, 6])
+    assert edges_and_middle([0, 1, 2]) == ([0, 2], [1])
+
+
+@pytest.mark.parametrize("positions", [[], [0], [0, 9]])
+def test_edges_and_middle_needs_three_positions(positions):
+    with pytest.raises(StatsError):
+        edges_and_middle(positions)
+
+
+def test_middle_penalty_needs_three_positions():
+    df = sweep_frame({0: {"a": True, "b": False, "c": True}, 9: {"a": False, "b": True, "c": True},
+                      "closedbook": {"a": False, "b": False, "c": True}})
+    with pytest.raises(StatsError):
+        middle_penalty(df, n_boot=100)
+
+
+def per_question_penalties(outcomes: dict, first, last, middle: list) -> list[float]:
+    ids = sorted(outcomes[first])
+    return [(outcomes[first][q] + outcomes[last][q]) / 2 - sum(outcomes[m][q] for m in middle) / len(middle)
+            for q in ids]
+
+
+def test_worked_example_middle_penalty_is_30_5_points():
+    df, outcomes = worked_example()
+    # counts check the fixture itself
+    assert [sum(outcomes[p].values()) for p in (0, 4, 9, 14, 19)] == [176, 144, 112, 138, 170]
+    est = middle_penalty(df, n_boot=20_000, seed=0)
+    assert est.value == pytest.approx((176 / 200 + 170 / 200) / 2 - 112 / 200, abs=1e-12)
+    assert est.value == pytest.approx(0.305, abs=1e-12)
+    assert est.n == 200 and est.n_boot == 20_000 and est.level == 0.95
+    assert est.low < 0.305 < est.high
+    # normal approximation from the per-question penalties
+    d = per_question_penalties(outcomes, 0, 19, [9])
+    assert statistics.fmean(d) == pytest.approx(0.305, abs=1e-12)
+    half = 1.96 * statistics.stdev(d) / math.sqrt(len(d))
+    assert est.low == pytest.approx(0.305 - half, abs=0.01)
+    assert est.high == pytest.approx(0.305 + half, abs=0.01)
+    assert est.p_value < 0.001  # 30 points over 200 questions is far from 0
+
+
+def test_worked_example_seeds():
+    df, _ = worked_example()
+    a = middle_penalty(df, n_boot=20_000, seed=0)
+    b = middle_penalty(df, n_boot=20_000, seed=0)
+    c = middle_penalty(df, n_boot=20_000, seed=1)
+    assert a == b
+    assert c.value == a.value
+    assert (c.low, c.high) != (a.low, a.high)
+    assert c.low == pytest.approx(a.low, abs=0.01) and c.high == pytest.approx(a.high, abs=0.01)
+
+
+def test_middle_penalty_even_positions_against_a_loop():
+    rng = np.random.default_rng(11)
+    ids = [f"q{i}" for i in range(60)]
+    rates = {0: 0.9, 3: 0.5, 6: 0.6, 9: 0.8}
+    outcomes = {p: {q: bool(rng.random() < r) for q in ids} for p, r in rates.items()}
+    outcomes["oracle"] = {q: True for q in ids}
+    df = sweep_frame(outcomes)
+    est = middle_penalty(df, n_boot=2000)
+    d = per_question_penalties(outcomes, 0, 9, [3, 6])
+    assert est.value == pytest.approx(statistics.fmean(d), abs=1e-12)
+    # and from a PairedTable directly, with the SD the power calculation uses
+    t = paired_table(df)
+    assert middle_penalty(t, n_boot=2000) == est
+    assert penalty_sd(t) == pytest.approx(statistics.stdev(d), abs=1e-12)
+
+
+def test_penalty_sd_odd_positions_by_hand():
+    df, outcomes = worked_example()
+    t = paired_table(df)
+    d = per_question_penalties(outcomes, 0, 19, [9])
+    assert penalty_sd(t) == pytest.approx(statistics.stdev(d), abs=1e-12)
+
+
+# ------------------------------------------------------------------------ bootstrap / difference
+def loop_bootstrap(a: np.ndarray, b: np.ndarray | None, n_boot: int, seed: int) -> tuple[float, float, float]:
+    """Resample question indices with replacement; percentile interval and two-sided p of mean(a - b)
+    (of mean(a) when b is None)."""
+    rng = np.random.default_rng(seed)
+    n = len(a)
+    stats_ = []
+    for _ in range(n_boot):
+        idx = rng.choice(n, size=n, replace=True)
+        stats_.append(float(a[idx].mean() - (0.0 if b is None else b[idx].mean())))
+    arr = np.array(stats_)
+    low, high = np.quantile(arr, [0.025, 0.975])
+    p = min(1.0, 2 * min(float(np.mean(arr <= 0)), float(np.mean(arr >= 0))))
+    return float(low), float(high), p
+
+
+def correlated_pair(n: int, shift: float, seed: int) -> PairedTable:
+    """Two strongly correlated continuous scores per question (a shared per-question level), so that a
+    bootstrap that forgot the pairing would give a far wider interval."""
+    rng = np.random.default_rng(seed)
+    level = rng.normal(0, 3.0, n)
+    a = level + rng.normal(0, 0.5, n) + shift
+    b = level + rng.normal(0, 0.5, n)
+    ids = tuple(f"q{i:03d}" for i in range(n))
+    return PairedTable(ids, (0, 1), np.column_stack([a, b]))
+
+
+def quantile_mc_se(sigma: float, n_boot: int, q: float = 0.025) -> float:
+    """Monte Carlo standard error of a bootstrap q-quantile of a roughly normal statistic with SD sigma:
+    sqrt(q (1 - q) / B) / f(x_q), f the normal density at the quantile."""
+    return math.sqrt(q * (1 - q) / n_boot) / (st.norm.pdf(st.norm.ppf(q)) / sigma)
+
+
+def test_difference_matches_a_loop_bootstrap():
+    t = correlated_pair(150, 0.15, seed=2)
+    a, b = t.column(0), t.column(1)
+    est = difference(t, 0, 1, n_boot=10_000, seed=0)
+    low, high, _ = loop_bootstrap(a, b, 4000, seed=123)
+    d = a - b
+    assert est.value == pytest.approx(float(d.mean()), abs=1e-12)
+    sigma = float(np.std(d, ddof=0)) / math.sqrt(len(d))  # SD of the bootstrap distribution
+    tol = 4 * math.hypot(quantile_mc_se(sigma, 10_000), quantile_mc_se(sigma, 4000))
+    assert tol < 0.25 * (high - low)  # tight enough to tell a wrong bootstrap from a right one
+    assert est.low == pytest.approx(low, abs=tol)
+    assert est.high == pytest.approx(high, abs=tol)
+    # an unpaired bootstrap would be ~6x wider here; the paired one is close to the normal interval
+    assert est.high - est.low == pytest.approx(2 * NORMAL_975 * sigma, rel=0.1)
+
+
+def test_difference_direction_and_bootstrap_on_reversed_conditions():
+    t = correlated_pair(150, 0.15, seed=2)
+    fwd = difference(t, 0, 1, n_boot=4000, seed=7)
+    rev = difference(t, 1, 0, n_boot=4000, seed=7)
+    assert rev.value == pytest.approx(-fwd.value, abs=1e-12)
+    assert rev.low == pytest.approx(-fwd.high, abs=1e-12)
+    assert rev.high == pytest.approx(-fwd.low, abs=1e-12)
+
+
+def test_difference_p_value_small_for_a_real_difference():
+    t = correlated_pair(150, 0.3, seed=4)
+    est = difference(t, 0, 1, n_boot=10_000)
+    assert est.p_value < 0.001
+    assert est.low > 0
+
+
+def test_difference_p_value_large_for_identical_columns():
+    rng = np.random.default_rng(9)
+    x = rng.integers(0, 2, 80).astype(float)
+    t = PairedTable(tuple(f"q{i}" for i in range(80)), (0, 4, 9), np.column_stack([x, rng.random(80), x]))
+    est = difference(t, 0, 9, n_boot=2000)
+    assert est.value == 0.0 and est.low == 0.0 and est.high == 0.0
+    assert est.p_value > 0.2
+
+
+def test_bootstrap_p_value_matches_a_loop_for_a_borderline_difference():
+    t = correlated_pair(100, 0.05, seed=0)
+    a, b = t.column(0), t.column(1)
+    est = bootstrap(t, lambda m: m[..., 0] - m[..., 1], n_boot=20_000, seed=1)
+    _, _, p = loop_bootstrap(a, b, 4000, seed=2)
+    assert 0.08 < p < 0.5  # borderline, so that a p-value off by a factor of two shows
+    # binomial MC error of the two p estimates: SD of 2 * mean(indicator) is 2 sqrt(p(1-p)/B)
+    tol = 4 * math.hypot(2 * math.sqrt(p / 2 * (1 - p / 2) / 20_000), 2 * math.sqrt(p / 2 * (1 - p / 2) / 4000))
+    assert est.p_value == pytest.approx(p, abs=tol)
+
+
+def test_bootstrap_of_one_mean_matches_a_loop():
+    # a statistic of one condition's mean, far from 0: the interval must sit around that mean
+    rng = np.random.default_rng(6)
+    x = rng.normal(10.0, 2.0, 120)
+    t = PairedTable(tuple(f"q{i}" for i in range(120)), (0, 1), np.column_stack([x, rng.random(120)]))
+    est = bootstrap(t, lambda m: m[..., 0], n_boot=10_000, seed=3)
+    low, high, p = loop_bootstrap(x, None, 4000, seed=4)
+    sigma = float(np.std(x, ddof=0)) / math.sqrt(len(x))
+    tol = 4 * math.hypot(quantile_mc_se(sigma, 10_000), quantile_mc_se(sigma, 4000))
+    assert est.value == pytest.approx(float(x.mean()), abs=1e-12)
+    assert est.low == pytest.approx(low, abs=tol)
+    assert est.high == pytest.approx(high, abs=tol)
+    assert p == 0.0  # no draw crosses 0 in either; ours reports (0 + 1) / (draws + 1), never exactly 0
+    assert est.p_value == pytest.approx(2 / (10_000 + 1))
+
+
+def test_bootstrap_needs_two_questions():
+    t = PairedTable(("q",), (0, 1), np.array([[1.0, 0.0]]))
+    with pytest.raises(StatsError):
+        difference(t, 0, 1, n_boot=100)
+
+
+# ------------------------------------------------------------------------ McNemar
+def pairs_from_table(table) -> tuple[np.ndarray, np.ndarray]:
+    (n11, n10), (n01, n00) = table
+    a = [1] * n11 + [1] * n10 + [0] * n01 + [0] * n00
+    b = [1] * n11 + [0] * n10 + [1] * n01 + [0] * n00
+    perm = np.random.default_rng(sum(map(sum, table))).permutation(len(a))
+    return np.array(a)[perm], np.array(b)[perm]
+
+
+@pytest.mark.parametrize("table", [
+    [[50, 12], [3, 35]],
+    [[10, 2], [9, 5]],
+    [[0, 7], [0, 0]],
+    [[40, 20], [20, 20]],
+    [[5, 1], [0, 4]],
+    [[100, 31], [17, 52]],
+    [[30, 0], [0, 10]],  # no discordant pairs
+])
+def test_mcnemar_exact_matches_statsmodels(table):
+    a, b = pairs_from_table(table)
+    res = mcnemar_exact(a, b)
+    ref = sm_mcnemar(np.array(table), exact=True)
+    assert res.p_value == pytest.approx(float(ref.pvalue), abs=1e-12)
+    assert res.statistic == float(ref.statistic)
+    assert res.detail == {"only_first": table[0][1], "only_second": table[1][0]}
+
+
+def test_mcnemar_exact_no_discordant_pairs_is_p_one():
+    a = np.array([1, 0, 1, 1, 0])
+    assert mcnemar_exact(a, a.copy()).p_value == 1.0
+
+
+def test_mcnemar_exact_accepts_booleans():
+    a, b = pairs_from_table([[10, 2], [9, 5]])
+    assert mcnemar_exact(a.astype(bool), b.astype(bool)) == mcnemar_exact(a, b)
+
+
+def test_mcnemar_exact_rejects_continuous_scores():
+    with pytest.raises(StatsError, match="0/1"):
+        mcnemar_exact([1.0, 0.0, 0.5], [1.0, 1.0, 0.0])
+    with pytest.raises(StatsError):
+        mcnemar_exact([1.0, 0.0, 1.0], [-1.2, -0.3, -2.0])
+
+
+def test_mcnemar_exact_rejects_unequal_lengths():
+    with pytest.raises(StatsError):
+        mcnemar_exact([1, 0, 1, 1], [1, 0, 1])
+
+
+# ------------------------------------------------------------------------ Cochran's Q
+@pytest.mark.parametrize("seed, n, rates", [
+    (0, 50, [0.8, 0.6, 0.5, 0.7, 0.85]),
+    (1, 200, [0.88, 0.72, 0.56, 0.69, 0.85]),
+    (2, 30, [0.5, 0.5, 0.5]),
+    (3, 80, [0.3, 0.6]),
+    (4, 120, [0.7] * 10),
+])
+def test_cochrans_q_matches_statsmodels(seed, n, rates):
+    rng = np.random.default_rng(seed)
+    x = (rng.random((n, len(rates))) < np.array(rates)).astype(int)
+    res = cochrans_q(x)
+    ref = sm_cochrans_q(x, return_object=True)
+    assert res.statistic == pytest.approx(float(ref.statistic), rel=1e-10, abs=1e-12)
+    assert res.p_value == pytest.approx(float(ref.pvalue), rel=1e-10, abs=1e-14)
+    assert res.detail["df"] == ref.df == len(rates) - 1
+    assert res.detail["n"] == n
+
+
+def test_cochrans_q_on_a_paired_table():
+    df, outcomes = worked_example()
+    t = paired_table(df)
+    res = cochrans_q(t.values)
+    ref = sm_cochrans_q(t.values.astype(int), return_object=True)
+    assert res.statistic == pytest.approx(float(ref.statistic), rel=1e-10)
+    assert res.p_value < 1e-6
+
+
+def test_cochrans_q_rejects_continuous_scores():
+    with pytest.raises(StatsError):
+        cochrans_q(np.array([[1.0, 0.0], [0.3, 1.0]]))
+
+
+# ------------------------------------------------------------------------ position x length model
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+LENGTHS = (1000, 2500, 4000, 6000)
+
+
+def simulate_sweep(n_questions: int, beta: dict, seed: int) -> pd.DataFrame:
+    """Correctness from a logistic model in centred depth and length in thousands of tokens, with a
+    random intercept per question (so rows of one question are correlated), plus closedbook, oracle
+    and too_long rows that the model must leave out."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n_questions):
+        qid = f"q{i:04d}"
+        u = rng.normal(0, 0.8)
+        for j, depth in enumerate(DEPTHS):
+            for length in LENGTHS:
+                dc, lk = depth - 0.5, length / 1000
+                eta = (beta["b0"] + u + beta["depth"] * dc + beta["length"] * lk + beta["inter"] * dc * lk
+                       + beta["depth2"] * dc * dc)
+                ok = bool(rng.random() < 1 / (1 + math.exp(-eta)))
+                rows.append(record(qid, "documents", j, correct=ok, prompt_tokens=length + int(rng.integers(50)),
+                                   gold_rel_depth=depth))
+        rows.append(record(qid, "closedbook", correct=bool(rng.random() < 0.1), prompt_tokens=30,
+                           gold_rel_depth=None))
+        # the oracle prompt has a depth and a length too, but is no point of the position sweep
+        rows.append(record(qid, "oracle", correct=bool(rng.random() < 0.95), prompt_tokens=250,
+                           gold_rel_depth=0.4))
+        rows.append(record(qid, "documents", 99, correct=None, status="too_long", prompt_tokens=99_000,
+                           gold_rel_depth=0.5))
+    return pd.DataFrame(rows)
+
+
+def direct_gee(df: pd.DataFrame, quadratic: bool):
+    """The same model fitted straight with statsmodels, the design columns built by hand."""
+    import statsmodels.api as sm
+    import statsmodels.formula.api as smf
+
+    d = df[(df["condition"] == "documents") & (df["status"] == "ok")]
+    d = pd.DataFrame({"y": d["correct"].astype(float), "dc": d["gold_rel_depth"].astype(float) - 0.5,
+                      "lk": d["prompt_tokens"].astype(float) / 1000, "g": d["example_id"].astype(str)})
+    d["dc2"] = d["dc"] ** 2
+    d["dc_lk"] = d["dc"] * d["lk"]
+    d["dc2_lk"] = d["dc2"] * d["lk"]
+    formula = "y ~ dc + lk + dc_lk" + (" + dc2 + dc2_lk" if quadratic else "")
+    fit = smf.gee(formula, "g", d, family=sm.families.Binomial(), cov_struct=sm.cov_struct.Exchangeable()).fit()
+    names = {"Intercept": "Intercept", "dc": "depth", "lk": "length_k", "dc_lk": "depth:length_k",
+             "dc2": "I(depth ** 2)", "dc2_lk": "I(depth ** 2):length_k"}
+    return fit, names
+
+
+STRONG = {"b0": 1.0, "depth": 0.3, "length": -0.15, "inter": -0.8, "depth2": 3.0}
+NONE = {"b0": 1.0, "depth": 0.3, "length": -0.15, "inter": 0.0, "depth2": 3.0}
+
+
+@pytest.fixture(scope="module")
+def strong_sweep():
+    return simulate_sweep(250, STRONG, seed=0)
+
+
+@pytest.mark.parametrize("quadratic", [True, False])
+def test_position_length_model_matches_statsmodels_gee(strong_sweep, quadratic):
+    table, fit = position_length_model(strong_sweep, quadratic=quadratic)
+    ref, names = direct_gee(strong_sweep, quadratic)
+    assert fit.nobs == ref.nobs == 250 * len(DEPTHS) * len(LENGTHS)
+    assert len(table) == len(ref.params)
+    ci = ref.conf_int()
+    for ref_name, name in names.items():
+        if ref_name not in ref.params:
+            continue
+        row = table.loc[name]
+        assert row["estimate"] == pytest.approx(ref.params[ref_name], rel=1e-6, abs=1e-8)
+        assert row["se"] == pytest.approx(ref.bse[ref_name], rel=1e-6)
+        assert row["p"] == pytest.approx(ref.pvalues[ref_name], rel=1e-5, abs=1e-12)
+        assert row["ci_low"] == pytest.approx(ci.loc[ref_name, 0], rel=1e-6, abs=1e-8)
+        assert row["ci_high"] == pytest.approx(ci.loc[ref_name, 1], rel=1e-6, abs=1e-8)
+        assert row["z"] == pytest.approx(row["estimate"] / row["se"], rel=1e-9)
+
+
+def test_position_length_model_finds_a_strong_interaction(strong_sweep):
+    table, _ = position_length_model(strong_sweep)
+    row = table.loc["depth:length_k"]
+    assert row["ci_high"] < 0  # excludes 0, with the simulated (negative) sign
+    assert row["ci_low"] < STRONG["inter"] < row["ci_high"] or abs(row["estimate"] - STRONG["inter"]) < 0.3
+    assert row["p"] < 1e-6
+    # the U-shape: the square of depth is strongly positive
+    assert table.loc["I(depth ** 2)", "ci_low"] > 0
+
+
+def test_position_length_model_no_interaction():
+    p_values = []
+    for seed in (1, 2, 3):
+        table, _ = position_length_model(simulate_sweep(150, NONE, seed=seed), quadratic=False)
+        row = table.loc["depth:length_k"]
+        p_values.append(row["p"])
+        assert abs(row["estimate"]) < 0.25
+    assert sum(p > 0.01 for p in p_values) >= 2
+
+
+def test_position_length_model_needs_questions():
+    df = simulate_sweep(1, STRONG, seed=0)
+    with pytest.raises(StatsError):
+        position_length_model(df)
+    df = simulate_sweep(5, STRONG, seed=0)
+    df.loc[df["condition"] == "documents", "correct"] = True
+    df.loc[df["status"] == "too_long", "correct"] = None
+    with pytest.raises(StatsError):  # every answer right: nothing to model
+        position_length_model(df)
+
+
+# ------------------------------------------------------------------------ power
+@pytest.mark.parametrize("penalty, sd, alpha, power", [
+    (0.305, 0.6, 0.05, 0.8),
+    (0.1, 0.5, 0.05, 0.8),
+    (0.05, 0.3, 0.01, 0.9),
+    (-0.2, 0.5, 0.05, 0.8),
+    (0.02, 0.4, 0.05, 0.95),
+    (1.5, 1.0, 0.05, 0.8),  # a big effect: a handful of questions
+])
+def test_questions_needed_matches_statsmodels(penalty, sd, alpha, power):
+    n = questions_needed(penalty, sd, alpha=alpha, power=power)
+    effect = abs(penalty) / sd
+    solved = TTestPower().solve_power(effect_size=effect, alpha=alpha, power=power, alternative="two-sided")
+    assert abs(n - math.ceil(solved)) <= 1
+    # and it is the smallest n that reaches the power, by statsmodels' own power function
+    assert TTestPower().power(effect, n, alpha, alternative="two-sided") >= power - 1e-9
+    assert TTestPower().power(effect, n - 1, alpha, alternative="two-sided") < power
+
+
+def test_questions_needed_grows_like_the_normal_approximation():
+    # n ~ ((z_a/2 + z_b) sd / penalty)^2 for small effects
+    n = questions_needed(0.01, 0.5)
+    approx = ((NORMAL_975 + st.norm.ppf(0.8)) * 0.5 / 0.01) ** 2
+    assert approx < n < approx + 5
+
+
+@pytest.mark.parametrize("penalty, sd", [(0.0, 0.5), (0.1, 0.0), (0.1, -1.0)])
+def test_questions_needed_rejects_no_effect(penalty, sd):
+    with pytest.raises(StatsError):
+        questions_needed(penalty, sd)
