@@ -7,14 +7,27 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.notebook
 
+SMALL = "LIMIT = 2\nPOSITIONS = (0, 9)\n"
+NOTEBOOKS = [
+    ("01-kv-retrieval-position-sweep", SMALL, ["01-kv-position-curve"]),
+    ("02-multidoc-qa-position-sweep", SMALL, ["02-qa-position-curve"]),
+    ("06-statistics-and-reporting",
+     "LIMIT = 4\nPOSITIONS = (0, 4, 9)\nLENGTHS = (250, 500)\nDEPTHS = 4\nGRID_LIMIT = 3\nN_BOOT = 200\n",
+     ["06-depth-length-heatmap"]),
+]
 
-@pytest.mark.parametrize("name, figure", [("01-kv-retrieval-position-sweep", "01-kv-position-curve"),
-                                          ("02-multidoc-qa-position-sweep", "02-qa-position-curve")])
-def test_notebook_executes(name, figure, tmp_path):
-    overrides = (f"LIMIT = 2\nPOSITIONS = (0, 9)\nRESULTS_DIR = {str(tmp_path / 'results')!r}\n"
-                 f"FIGURES_DIR = {str(tmp_path / 'figures')!r}")
+
+@pytest.mark.parametrize("name, overrides, figures", NOTEBOOKS, ids=[n[0] for n in NOTEBOOKS])
+def test_notebook_executes(name, overrides, figures, tmp_path):
+    overrides += (f"RESULTS_DIR = {str(tmp_path / 'results')!r}\nFIGURES_DIR = {str(tmp_path / 'figures')!r}\n"
+                  f"REPORT_DIR = {str(tmp_path / 'reports')!r}")
     out = execute(ROOT / "notebooks" / f"{name}.ipynb", tmp_path / "executed", overrides=overrides)
     assert out.is_file()
-    assert (tmp_path / "figures" / f"{figure}.png").stat().st_size > 1000
-    assert (tmp_path / "figures" / f"{figure}.pdf").is_file()
+    for figure in figures:
+        assert (tmp_path / "figures" / f"{figure}.png").stat().st_size > 1000
+        assert (tmp_path / "figures" / f"{figure}.pdf").is_file()
     assert list((tmp_path / "results").glob("*/records.jsonl"))
+
+
+def test_every_notebook_is_smoke_tested():
+    assert sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb")) == sorted(n[0] for n in NOTEBOOKS)

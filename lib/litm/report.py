@@ -73,7 +73,12 @@ class SweepReport:
 
 
 def analyse(df, n_boot: int = 10_000, seed: int = 0) -> list[SweepReport]:
-    """One SweepReport per sweep found in `df` (as given by `load_results`)."""
+    """One SweepReport per sweep found in `df` (from `load_results`, or one `sweep()` table)."""
+    if "sweep_id" not in df:  # a table straight from sweep(): one sweep
+        first = df.iloc[0]
+        cfg = {k: (first[k].item() if hasattr(first[k], "item") else first[k])
+               for k in ("task", "model", "num_docs", "scoring") if k in df}
+        df = df.assign(sweep_id=config_hash(cfg), _config=json.dumps(cfg, sort_keys=True))
     out = []
     for sid, g in df.groupby("sweep_id", sort=False):
         table = stats.paired_table(g)
