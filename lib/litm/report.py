@@ -30,8 +30,9 @@ def load_results(paths) -> "pd.DataFrame":
     """
     import pandas as pd
 
+    paths = [Path(x) for x in ([paths] if isinstance(paths, (str, Path)) else paths)]
     rows = []
-    for p in [Path(x) for x in ([paths] if isinstance(paths, (str, Path)) else paths)]:
+    for p in paths:
         dirs = _run_dirs(p)
         if not dirs:
             raise StatsError(f"{p}: no results (no <hash>/manifest.json below it). Pass a results folder.")
