@@ -44,6 +44,7 @@ def test_report_numbers_match_the_records(tiny_lm, tmp_path):
     assert rep.penalty.value == pytest.approx((acc[0] + acc[4]) / 2 - acc[2])
     assert {t.name.split(":")[0] for t in rep.tests} == {"Cochran's Q", "McNemar exact"}
     assert "smollm2" not in md and str(tiny_lm.name) in md
+    assert analyse(df, n_boot=200)[0].sweep_id == rep.sweep_id, "a sweep() table and its stored records agree"
 
 
 def test_report_keeps_sweeps_apart(tmp_path):

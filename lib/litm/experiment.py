@@ -103,6 +103,11 @@ def run_config(config: SweepConfig, condition: str, position: int | None) -> dic
 _file_sha256 = functools.lru_cache(maxsize=32)(file_sha256)
 
 
+def sweep_identity(run: dict) -> dict:
+    """A run config without its condition: what every run of one sweep shares."""
+    return {k: v for k, v in run.items() if k not in ("condition", "position")}
+
+
 def config_hash(d: dict) -> str:
     """sha256 of the sorted JSON of a config; the first 16 hex digits name its results folder."""
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
@@ -223,10 +228,12 @@ def sweep(config: SweepConfig, model: LoadedModel | None = None):
     bar.close()
     ids = [e.id for e in examples]
     rows = []
+    ident = sweep_identity(run_config(config, "documents", None))
+    sid, sconf = config_hash(ident), json.dumps(ident, sort_keys=True)
     for (cond, pos), store in stores.items():
         for r in store.records(ids):
             rows.append({**r, "model": config.model, "task": config.task, "num_docs": config.num_docs,
-                         "config_hash": store.dir.name})
+                         "config_hash": store.dir.name, "sweep_id": sid, "sweep_config": sconf})
     df = pd.DataFrame(rows)
     lead = [c for c in _LEAD_COLUMNS if c in df.columns]
     return df[lead + sorted(set(df.columns) - set(lead))]

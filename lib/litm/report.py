@@ -10,7 +10,7 @@ import numpy as np
 
 from . import stats
 from .errors import StatsError
-from .experiment import config_hash, summarize
+from .experiment import config_hash, summarize, sweep_identity
 
 # Config fields that may differ between the two sides of a comparison without being said.
 _COMPARABLE = {"model", "chat"}
@@ -39,7 +39,7 @@ def load_results(paths) -> "pd.DataFrame":
         for d in dirs:
             manifest = json.loads((d / "manifest.json").read_text())
             cfg = dict(manifest["config"])
-            sweep_cfg = {k: v for k, v in cfg.items() if k not in ("condition", "position")}
+            sweep_cfg = sweep_identity(cfg)
             sid = config_hash(sweep_cfg)
             rec_path = d / "records.jsonl"
             if not rec_path.is_file():
@@ -52,7 +52,7 @@ def load_results(paths) -> "pd.DataFrame":
                         continue  # a truncated last line: the store redoes it on the next run
                     rows.append({**r, "model": cfg.get("model"), "task": cfg.get("task"),
                                  "num_docs": cfg.get("num_docs"), "config_hash": d.name, "sweep_id": sid,
-                                 "_config": json.dumps(sweep_cfg, sort_keys=True)})
+                                 "sweep_config": json.dumps(sweep_cfg, sort_keys=True)})
     if not rows:
         raise StatsError(f"no records under {', '.join(map(str, paths))}.")
     return pd.DataFrame(rows)
@@ -74,12 +74,7 @@ class SweepReport:
 
 
 def analyse(df, n_boot: int = 10_000, seed: int = 0) -> list[SweepReport]:
-    """One SweepReport per sweep found in `df` (from `load_results`, or one `sweep()` table)."""
-    if "sweep_id" not in df:  # a table straight from sweep(): one sweep
-        first = df.iloc[0]
-        cfg = {k: (first[k].item() if hasattr(first[k], "item") else first[k])
-               for k in ("task", "model", "num_docs", "scoring") if k in df}
-        df = df.assign(sweep_id=config_hash(cfg), _config=json.dumps(cfg, sort_keys=True))
+    """One SweepReport per sweep found in `df` (from `load_results` or `sweep()`)."""
     out = []
     for sid, g in df.groupby("sweep_id", sort=False):
         table = stats.paired_table(g)
@@ -95,7 +90,7 @@ def analyse(df, n_boot: int = 10_000, seed: int = 0) -> list[SweepReport]:
                 first = stats.mcnemar_exact(table.column(positions[0]), table.column(middle[0]))
                 tests.append(stats.TestResult(f"McNemar exact: position {positions[0] + 1} vs {middle[0] + 1}",
                                               first.statistic, first.p_value, first.detail))
-        out.append(SweepReport(sid, json.loads(g["_config"].iloc[0]), summarize(g), penalty, tests,
+        out.append(SweepReport(sid, json.loads(g["sweep_config"].iloc[0]), summarize(g), penalty, tests,
                                len(table.ids), table.dropped, value, sorted(g["config_hash"].unique())))
     return out
 
@@ -199,7 +194,7 @@ def _one_sweep(df, side: str):
     if df["sweep_id"].nunique() != 1:
         raise StatsError(f"{side} mixes {df['sweep_id'].nunique()} different configs; pass the results of one "
                          "sweep per side (e.g. one --results folder per model).")
-    return json.loads(df["_config"].iloc[0])
+    return json.loads(df["sweep_config"].iloc[0])
 
 
 def compare(a_paths, b_paths, n_boot: int = 10_000, seed: int = 0, different_configs: bool = False,
