@@ -16,8 +16,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{%
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 
-def build_tiny_model(directory: Path, chat: bool = False, max_positions: int = 2048, seed: int = 0) -> Path:
-    """Write a 2-layer Llama (grouped-query attention) and a byte-level BPE tokenizer to `directory`."""
+def build_tiny_model(directory: Path, chat: bool = False, max_positions: int = 2048, seed: int = 0,
+                     arch: str = "llama") -> Path:
+    """Write a tiny randomly initialised model (grouped-query attention; `arch` llama, qwen2 or gemma3,
+    the last two with sliding-window layers) and a byte-level BPE tokenizer to `directory`."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -40,11 +42,26 @@ def build_tiny_model(directory: Path, chat: bool = False, max_positions: int = 2
     if chat:
         fast.chat_template = CHAT_TEMPLATE
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-                      bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).float().eval()
+    common = dict(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=max_positions, bos_token_id=fast.bos_token_id,
+                  eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, tie_word_embeddings=False, **common))
+    elif arch == "qwen2":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=3, use_sliding_window=True, sliding_window=24,
+                                             max_window_layers=1, **common))
+    elif arch == "gemma3":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        model = Gemma3ForCausalLM(Gemma3TextConfig(num_hidden_layers=3, head_dim=16, sliding_window=24,
+                                                   layer_types=["sliding_attention", "sliding_attention",
+                                                                "full_attention"], query_pre_attn_scalar=24,
+                                                   **common))
+    else:
+        raise ValueError(arch)
+    model = model.float().eval()
     model.save_pretrained(directory)
     fast.save_pretrained(directory)
     return directory

@@ -1,0 +1,105 @@
+"""Time and peak memory of a plain forward, our attention profile, and eager `output_attentions=True`.
+
+Each measurement runs in its own process (peak RSS is per process), on the same prompt, side by side in
+one run; the table's ratios are profile/plain and eager/plain.  Eager attention is skipped where its
+layers x heads x n x n weights alone would not fit in memory.
+
+    .venv/bin/python benchmarks/attention_profile.py --lengths 1024,2048,4096,8192
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _measure(method: str, model: str, length: int) -> dict:
+    """One method at one length, in this process: seconds, and peak resident memory above what the
+    process held just before the call (weights, prompt), sampled every 2 ms."""
+    import threading
+    from dataclasses import replace
+
+    import torch
+
+    import litm
+    from litm.attention import profile
+    from litm.experiment import docs_for_length, load_examples
+    from litm.ordering import gold_at, with_num_documents
+    from litm.prompts import Variant, render
+
+    lm = litm.load_model(model, attn_implementation="eager" if method == "eager" else "sdpa")
+    cfg = litm.SweepConfig(task="qa", model=model, limit=1, positions=(0,), num_docs=1)
+    n = docs_for_length(cfg, lm.tokenizer, length)
+    ex = with_num_documents(load_examples(replace(cfg, num_docs=400))[0], n)
+    prompt = render(gold_at(ex, n // 2), lm.tokenizer, Variant())
+    ids = torch.tensor([prompt.input_ids])
+    base, peak, done = _rss_mb(), [0.0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mb())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        if method == "plain":
+            lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        elif method == "profile":
+            profile(lm, prompt, queries="last")
+        else:
+            lm.model(input_ids=ids, use_cache=False, logits_to_keep=1, output_attentions=True)
+    seconds = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    return {"tokens": len(prompt.input_ids), "seconds": seconds, "extra_mb": max(peak[0], _rss_mb()) - base}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--lengths", default="1024,2048,4096,8192")
+    ap.add_argument("--worker", nargs=2, metavar=("METHOD", "LENGTH"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(_measure(args.worker[0], args.model, int(args.worker[1]))))
+        return 0
+    from litm.models import load_model
+
+    cfg = load_model(args.model).model.config.get_text_config()
+    avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    print(f"model {args.model}: {cfg.num_hidden_layers} layers x {cfg.num_attention_heads} heads; "
+          f"{avail / 2**30:.1f} GiB available")
+    print(f"{'tokens':>7} {'plain s':>8} {'plain MB':>9} {'profile s':>10} {'profile MB':>11} {'eager s':>8} "
+          f"{'eager MB':>9} {'prof/plain t':>12} {'prof/plain m':>12} {'eager/plain t':>13} {'eager/plain m':>13}")
+    for length in [int(x) for x in args.lengths.split(",")]:
+        row = {}
+        weights = cfg.num_hidden_layers * cfg.num_attention_heads * length * length * 4
+        for method in ("plain", "profile", "eager"):
+            if method == "eager" and weights > 0.7 * avail:
+                row[method] = None
+                continue
+            out = subprocess.run([sys.executable, __file__, "--model", args.model, "--worker", method, str(length)],
+                                 capture_output=True, text=True, check=True)
+            row[method] = json.loads(out.stdout.strip().splitlines()[-1])
+        p, q, e = row["plain"], row["profile"], row["eager"]
+        eager = (f"{e['seconds']:8.2f} {e['extra_mb']:9.0f}" if e else f"{'skipped':>8} {'(too big)':>9}")
+        ratios = (f"{e['seconds'] / p['seconds']:13.2f} {e['extra_mb'] / max(p['extra_mb'], 1):13.2f}" if e
+                  else f"{'-':>13} {'-':>13}")
+        print(f"{p['tokens']:7d} {p['seconds']:8.2f} {p['extra_mb']:9.0f} {q['seconds']:10.2f} {q['extra_mb']:11.0f} "
+              f"{eager} {q['seconds'] / p['seconds']:12.2f} {q['extra_mb'] / max(p['extra_mb'], 1):12.2f} {ratios}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

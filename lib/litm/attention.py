@@ -1,0 +1,199 @@
+"""Attention mass per prompt span, from the model's own attention, without n x n matrices.
+
+A registered attention function runs the stock SDPA kernel for the layer's output and, for the chosen
+query rows only, forms the softmax rows from the same queries and keys (after rotary embedding, with the
+layer's scaling, causal and sliding-window masking, soft-capping where the architecture has it, and
+grouped-query heads expanded).  Rows are formed in chunks, so memory grows linearly with the prompt.
+Shapes follow DESIGN.md: `[layer, head, ...]`, layers and heads 0-based.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError
+from .models import LoadedModel
+from .prompts import Prompt
+
+IMPLEMENTATION = "litm_profile"
+# Architectures whose attention layers call the attention interface with (query, key, value, mask,
+# scaling, sliding_window/softcap) as transformers' Llama-family and Gemma code does; checked in tests.
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma3_text")
+
+_state: dict = {"active": False}
+
+
+def _repeat_kv(x, groups: int):
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def _record(module, query, key, scaling, softcap, sliding_window) -> None:
+    import torch
+
+    st = _state
+    layer = module.layer_idx
+    groups = query.shape[1] // key.shape[1]
+    k = _repeat_kv(key[:1].float(), groups)[0]  # [H, K, D]
+    n_keys = k.shape[1]
+    kpos = torch.arange(n_keys, device=k.device)
+    rows = st["rows"].to(k.device)
+    span_of = st["span_of"].to(k.device)
+    mass = torch.zeros(k.shape[0], st["n_spans"], device=k.device)
+    per_key = torch.zeros(k.shape[0], n_keys, device=k.device) if st["per_key"] else None
+    for start in range(0, len(rows), st["chunk"]):
+        r = rows[start:start + st["chunk"]]
+        q = query[0, :, r, :].float()  # [H, R, D]
+        scores = torch.matmul(q, k.transpose(1, 2)) * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        allowed = kpos[None, :] <= r[:, None]
+        if sliding_window:
+            allowed &= kpos[None, :] > r[:, None] - sliding_window
+        scores = scores.masked_fill(~allowed[None], float("-inf"))
+        attn = torch.softmax(scores, dim=-1)  # [H, R, K]
+        mass.index_add_(1, span_of, attn.sum(dim=1))
+        if per_key is not None:
+            per_key += attn.sum(dim=1)
+    st["mass"][layer] = (mass / len(rows)).cpu().numpy()
+    if per_key is not None:
+        st["per_key_out"][layer] = (per_key / len(rows)).cpu().numpy()
+
+
+def _profile_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    softcap = kwargs.get("softcap")
+    scaling = module.head_dim ** -0.5 if scaling is None else scaling
+    if _state["active"]:
+        _record(module, query, key, scaling, softcap, kwargs.get("sliding_window") or getattr(module, "sliding_window", None))
+    if softcap is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    # soft-capped logits (Gemma 2) are not expressible in SDPA: compute this layer's output directly
+    import torch
+
+    groups = query.shape[1] // key.shape[1]
+    k, v = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    w = torch.tanh(torch.matmul(query, k.transpose(2, 3)) * scaling / softcap) * softcap
+    if attention_mask is not None:
+        w = w + attention_mask[:, :, :, : k.shape[-2]]
+    w = torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(w, v).transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATION, _profile_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Mean attention mass from the chosen query tokens to each span: `mass[layer, head, span]`."""
+
+    span_names: tuple[str, ...]
+    labels: np.ndarray  # each token's index into span_names
+    queries: tuple[int, ...]
+    mass: np.ndarray
+    per_key: np.ndarray | None = None  # [layer, head, key] when asked for
+
+    def span(self, name: str) -> np.ndarray:
+        """`[layer, head]` mass of one span."""
+        return self.mass[:, :, self.span_names.index(name)]
+
+    @property
+    def documents(self) -> np.ndarray:
+        """`[layer, head, document]` mass of the documents, in prompt order."""
+        idx = [i for i, n in enumerate(self.span_names) if n.startswith("doc ")]
+        return self.mass[:, :, idx]
+
+
+def token_spans(prompt: Prompt) -> tuple[tuple[str, ...], np.ndarray]:
+    """Partition the prompt's tokens into named spans: the first token, the instruction (before the first
+    document), each document, the question (every occurrence), and the rest (separators, template
+    tokens).  Returns the names and each token's index into them."""
+    m = prompt.manifest
+    n = m.num_tokens
+    named = sorted([(s, e, f"doc {i + 1}") for i, (s, e) in enumerate(m.doc_spans)] +
+                   [(s, e, "question") for s, e in m.question_spans])
+    for (s1, e1, _), (s2, e2, _) in zip(named, named[1:]):
+        if s2 < e1:
+            raise ConfigError(f"manifest spans overlap ({s1}-{e1} and {s2}-{e2}); re-render the prompt.")
+    if named and (named[0][0] < 0 or named[-1][1] > n):
+        raise ConfigError(f"manifest spans fall outside the prompt's {n} tokens; re-render the prompt.")
+    names = ["first token", "instruction"] + [f"doc {i + 1}" for i in range(len(m.doc_spans))] + ["question", "rest"]
+    labels = np.full(n, names.index("rest"))
+    first_doc = m.doc_spans[0][0] if m.doc_spans else (m.question_spans[0][0] if m.question_spans else n)
+    labels[1:first_doc] = names.index("instruction")
+    for s, e, name in named:
+        labels[s:e] = names.index(name)
+    labels[0] = 0
+    return tuple(names), labels
+
+
+def _queries(prompt: Prompt, queries) -> list[int]:
+    n = prompt.manifest.num_tokens
+    if isinstance(queries, str):
+        if queries == "last":
+            return [n - 1]
+        if queries == "question":
+            if not prompt.manifest.question_spans:
+                raise ConfigError("this prompt has no question span; choose queries='last' or give indices.")
+            s, e = prompt.manifest.question_spans[-1]
+            return list(range(s, e))
+        if queries == "all":
+            return list(range(n))
+        raise ConfigError(f"unknown query selection {queries!r}: use 'last', 'question', 'all', a slice or indices.")
+    rows = list(range(n))[queries] if isinstance(queries, slice) else [int(q) for q in queries]
+    if not rows:
+        raise ConfigError("the query selection is empty; choose at least one query token.")
+    if min(rows) < -n or max(rows) >= n:
+        raise ConfigError(f"query indices must lie in 0..{n - 1}.")
+    return sorted({q % n for q in rows})
+
+
+@contextlib.contextmanager
+def _profiling(lm: LoadedModel):
+    model_type = getattr(lm.model.config, "model_type", None)
+    if model_type not in SUPPORTED:
+        raise ConfigError(f"attention profiles are not supported for model type {model_type!r}; supported: "
+                          f"{', '.join(SUPPORTED)}.")
+    _register()
+    configs = [c for c in {id(c): c for c in (lm.model.config, lm.model.config.get_text_config())}.values()]
+    before = [c._attn_implementation for c in configs]
+    for c in configs:
+        c._attn_implementation = IMPLEMENTATION
+    try:
+        yield
+    finally:
+        for c, b in zip(configs, before):
+            c._attn_implementation = b
+        _state.clear()
+        _state["active"] = False
+
+
+def profile(lm: LoadedModel, prompt: Prompt, queries="last", per_key: bool = False, chunk: int = 256) -> Profile:
+    """Attention mass from the `queries` tokens ("last", "question", "all", a slice, or indices) to every
+    span of the prompt, per layer and head, from one forward pass that keeps its SDPA kernel."""
+    import torch
+
+    if prompt is None or getattr(prompt, "manifest", None) is None:
+        raise ConfigError("profile() needs a rendered Prompt with a manifest (litm.prompts.render).")
+    names, labels = token_spans(prompt)
+    rows = _queries(prompt, queries)
+    span_of = torch.as_tensor(labels, dtype=torch.long)
+    cfg = lm.model.config.get_text_config()
+    with _profiling(lm):
+        _state.update(active=True, rows=torch.tensor(rows), span_of=span_of, n_spans=len(names), per_key=per_key,
+                      chunk=chunk, mass={}, per_key_out={})
+        with torch.inference_mode():
+            lm.model(input_ids=torch.tensor([prompt.input_ids], device=lm.device), use_cache=False,
+                     logits_to_keep=1)
+        layers = cfg.num_hidden_layers
+        mass = np.stack([_state["mass"][i] for i in range(layers)])
+        keys = np.stack([_state["per_key_out"][i] for i in range(layers)]) if per_key else None
+    return Profile(names, labels, tuple(rows), mass, keys)
