@@ -163,7 +163,7 @@ def _profiling(lm: LoadedModel):
         raise ConfigError(f"attention profiles are not supported for model type {model_type!r}; supported: "
                           f"{', '.join(SUPPORTED)}.")
     _register()
-    configs = [c for c in {id(c): c for c in (lm.model.config, lm.model.config.get_text_config())}.values()]
+    configs = list({id(c): c for c in (lm.model.config, lm.model.config.get_text_config())}.values())
     before = [c._attn_implementation for c in configs]
     for c in configs:
         c._attn_implementation = IMPLEMENTATION

@@ -99,6 +99,13 @@ def _cond_label(row) -> str:
     return f"gold at {int(row.position) + 1}" if row.condition == "documents" else row.condition
 
 
+def _estimate(row, accuracy: bool) -> tuple:
+    """A summary row's value and interval: accuracy (Wilson) or mean gold log-likelihood (t)."""
+    if accuracy:
+        return row.accuracy, row.ci_low, row.ci_high
+    return row.mean_loglik, row.loglik_ci_low, row.loglik_ci_high
+
+
 def _fmt(v: float, pct: bool) -> str:
     return "n/a" if v is None or (isinstance(v, float) and np.isnan(v)) else (f"{100 * v:.1f}" if pct else f"{v:.3f}")
 
@@ -115,8 +122,7 @@ def to_markdown(reports: list[SweepReport]) -> str:
             "| condition | n | too long | mean gold log-lik | 95% CI |"
         lines += [head, "| --- | ---: | ---: | ---: | --- |"]
         for row in r.summary.itertuples():
-            v, lo, hi = ((row.accuracy, row.ci_low, row.ci_high) if acc
-                         else (row.mean_loglik, row.loglik_ci_low, row.loglik_ci_high))
+            v, lo, hi = _estimate(row, acc)
             lines.append(f"| {_cond_label(row)} | {row.n} | {row.too_long} | {_fmt(v, acc)} | "
                          f"[{_fmt(lo, acc)}, {_fmt(hi, acc)}] |")
         lines.append("")
@@ -141,8 +147,7 @@ def to_latex(reports: list[SweepReport]) -> str:
                 r"Condition & $n$ & " + (r"Accuracy (\%)" if acc else "Mean gold log-lik") + r" & 95\% CI \\",
                 r"\midrule"]
         for row in r.summary.itertuples():
-            v, lo, hi = ((row.accuracy, row.ci_low, row.ci_high) if acc
-                         else (row.mean_loglik, row.loglik_ci_low, row.loglik_ci_high))
+            v, lo, hi = _estimate(row, acc)
             out.append(f"{_cond_label(row)} & {row.n} & {_fmt(v, acc)} & [{_fmt(lo, acc)}, {_fmt(hi, acc)}] \\\\")
         out.append(r"\midrule")
         if r.penalty:
