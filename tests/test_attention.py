@@ -119,3 +119,25 @@ def test_profile_matches_eager_on_the_registry_models(name):
     ref_mass, ref_keys = eager_reference(name, prompt, list(prof.queries))
     np.testing.assert_allclose(prof.mass, ref_mass, atol=1e-4)
     np.testing.assert_allclose(prof.per_key, ref_keys, atol=1e-4)
+
+
+def test_sinks_match_eager_attention(tiny_model_dir, tiny_lm):
+    from litm.attention import sinks
+
+    ex = generate_fictional_qa(1, 3, seed=5, sentences_per_doc=2)[0]
+    prompt = render(ex, tiny_lm.tokenizer, Variant())
+    got = sinks(tiny_lm, prompt, chunk=16)
+    n = prompt.manifest.num_tokens
+    _, per_key = eager_reference(str(tiny_model_dir), prompt, list(range(n)))  # [layer, head, key], row mean
+    np.testing.assert_allclose(got.first, per_key[:, :, 0], atol=1e-4)
+    np.testing.assert_allclose(got.first_four, per_key[:, :, :4].sum(-1), atol=1e-4)
+    assert got.num_tokens == n
+    expected = [(l, h) for l in range(per_key.shape[0]) for h in range(per_key.shape[1]) if per_key[l, h, 0] > 0.5]
+    assert got.sink_heads == expected
+
+
+def test_sink_heads_are_those_over_one_half():
+    from litm.attention import Sinks
+
+    s = Sinks(np.array([[0.6, 0.4, 0.5], [0.2, 0.9, 0.51]]), np.ones((2, 3)), 10)
+    assert s.sink_heads == [(0, 0), (1, 1), (1, 2)]

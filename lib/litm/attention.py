@@ -197,3 +197,24 @@ def profile(lm: LoadedModel, prompt: Prompt, queries="last", per_key: bool = Fal
         mass = np.stack([_state["mass"][i] for i in range(layers)])
         keys = np.stack([_state["per_key_out"][i] for i in range(layers)]) if per_key else None
     return Profile(names, labels, tuple(rows), mass, keys)
+
+
+@dataclass(frozen=True)
+class Sinks:
+    """How much attention every query gives the first tokens, per layer and head (StreamingLLM's sinks)."""
+
+    first: np.ndarray  # [layer, head] mean attention to token 0 over all query positions
+    first_four: np.ndarray  # [layer, head] mean attention to tokens 0-3
+    num_tokens: int
+
+    @property
+    def sink_heads(self) -> list[tuple[int, int]]:
+        """(layer, head) pairs that put more than half their attention on token 0."""
+        return [tuple(map(int, x)) for x in np.argwhere(self.first > 0.5)]
+
+
+def sinks(lm: LoadedModel, prompt: Prompt, chunk: int = 256) -> Sinks:
+    """Mean attention to token 0 and to the first four tokens, over every query position of the prompt
+    (query rows formed in chunks, so memory stays linear in the prompt's length)."""
+    prof = profile(lm, prompt, queries="all", per_key=True, chunk=chunk)
+    return Sinks(prof.per_key[:, :, 0], prof.per_key[:, :, :4].sum(-1), prompt.manifest.num_tokens)
