@@ -118,3 +118,14 @@ def test_grid_shares_questions_across_lengths(tiny_lm, tmp_path):
         grid(cfg, [10_000], model=tiny_lm)
     with pytest.raises(ConfigError, match="only one document"):
         grid(cfg, [180], model=tiny_lm)  # one document is about 171 tokens here
+
+
+def test_reports_read_stores_without_changing_them(tmp_path):
+    root = _synthetic(tmp_path / "r", {0: 0.8, 4: 0.5, 9: 0.8}, n=10)
+    f = next(root.glob("*/records.jsonl"))
+    with open(f, "a") as fh:
+        fh.write('{"example_id": "q3", "status": "o')  # a write cut short by a kill
+    before = f.read_bytes()
+    df = load_results([root])
+    assert len(df) == 30 and f.read_bytes() == before
+    assert not df.duplicated(["config_hash", "example_id"]).any()

@@ -11,6 +11,7 @@ import numpy as np
 from . import stats
 from .errors import StatsError
 from .experiment import config_hash, summarize, sweep_identity
+from .store import read_records
 
 # Config fields that may differ between the two sides of a comparison without being said.
 _COMPARABLE = {"model", "chat"}
@@ -41,18 +42,10 @@ def load_results(paths) -> "pd.DataFrame":
             cfg = dict(manifest["config"])
             sweep_cfg = sweep_identity(cfg)
             sid = config_hash(sweep_cfg)
-            rec_path = d / "records.jsonl"
-            if not rec_path.is_file():
-                continue
-            for line in rec_path.read_text().splitlines():
-                if line.strip():
-                    try:
-                        r = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # a truncated last line: the store redoes it on the next run
-                    rows.append({**r, "model": cfg.get("model"), "task": cfg.get("task"),
-                                 "num_docs": cfg.get("num_docs"), "config_hash": d.name, "sweep_id": sid,
-                                 "sweep_config": json.dumps(sweep_cfg, sort_keys=True)})
+            for r in read_records(d / "records.jsonl")[0]:
+                rows.append({**r, "model": cfg.get("model"), "task": cfg.get("task"),
+                             "num_docs": cfg.get("num_docs"), "config_hash": d.name, "sweep_id": sid,
+                             "sweep_config": json.dumps(sweep_cfg, sort_keys=True)})
     if not rows:
         raise StatsError(f"no records under {', '.join(map(str, paths))}.")
     return pd.DataFrame(rows)

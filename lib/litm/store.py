@@ -40,6 +40,26 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def read_records(path: Path) -> tuple[list[dict], int]:
+    """The records of a records.jsonl (first one per example id) and the byte length of its complete
+    lines; a last line cut short by a kill is left out.  A corrupt complete line is a DataError."""
+    if not path.exists():
+        return [], 0
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    records: dict[str, dict] = {}
+    for lineno, line in enumerate(data[:end].splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise DataError(f"{path}:{lineno}: corrupt record (not JSON). Delete that line or the "
+                            "folder to redo those examples.") from None
+        records.setdefault(rec["example_id"], rec)
+    return list(records.values()), end
+
+
 class ResultStore:
     """Records of one run config, keyed by example id, in `<root>/<config hash>/records.jsonl`."""
 
@@ -61,22 +81,11 @@ class ResultStore:
         self._load()
 
     def _load(self) -> None:
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        end = data.rfind(b"\n") + 1
-        if end < len(data):  # a write was cut short: drop the partial line, its example will be redone
-            with open(self.path, "r+b") as fh:
+        records, end = read_records(self.path)
+        if self.path.exists() and end < self.path.stat().st_size:
+            with open(self.path, "r+b") as fh:  # a write was cut short: drop it, its example is redone
                 fh.truncate(end)
-        for lineno, line in enumerate(data[:end].splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                raise DataError(f"{self.path}:{lineno}: corrupt record (not JSON). Delete that line or the "
-                                "folder to redo those examples.") from None
-            self._records.setdefault(rec["example_id"], rec)
+        self._records = {r["example_id"]: r for r in records}
 
     def __contains__(self, example_id: str) -> bool:
         return example_id in self._records
