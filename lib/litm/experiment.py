@@ -135,7 +135,8 @@ def candidates(example: Example) -> tuple[list[str], int]:
     return answers, example.gold_index
 
 
-def _prompt_for(example: Example, condition: str, position: int | None, config: SweepConfig, tok) -> Prompt:
+def prompt_for(example: Example, condition: str, position: int | None, config: SweepConfig, tok) -> Prompt:
+    """The prompt a sweep scores for one example under one condition (gold at `position`)."""
     ex = gold_at(example, position) if condition == "documents" else example
     variant = Variant(condition=condition, query_aware=config.query_aware, template=config.template,
                       template_dir=config.data_dir, chat=config.chat)
@@ -188,7 +189,7 @@ def sweep(config: SweepConfig, model: LoadedModel | None = None):
     lm = model or load_model(config.model)
     conds = config.conditions()
     for cond, pos in conds:  # a template or condition that cannot render fails before anything is written
-        _prompt_for(examples[0], cond, pos, config, lm.tokenizer)
+        prompt_for(examples[0], cond, pos, config, lm.tokenizer)
     stores = {}
     for cond, pos in conds:
         rc = run_config(config, cond, pos)
@@ -201,7 +202,7 @@ def sweep(config: SweepConfig, model: LoadedModel | None = None):
         pending = [e for e in examples if e.id not in store]
         for start in range(0, len(pending), config.batch_size):
             chunk = pending[start:start + config.batch_size]
-            prompts = [_prompt_for(e, cond, pos, config, lm.tokenizer) for e in chunk]
+            prompts = [prompt_for(e, cond, pos, config, lm.tokenizer) for e in chunk]
             fits = [_needed_tokens(lm, e, p, config) <= window for e, p in zip(chunk, prompts)]
             run_e = [e for e, f in zip(chunk, fits) if f]
             run_p = [p for p, f in zip(prompts, fits) if f]
@@ -286,7 +287,7 @@ def docs_for_length(config: SweepConfig, tokenizer, target: int, most: int = 400
 
     def tokens(n: int) -> int:
         ex = with_num_documents(example, n)
-        return len(_prompt_for(ex, "documents", 0, probe, tokenizer).input_ids)
+        return len(prompt_for(ex, "documents", 0, probe, tokenizer).input_ids)
 
     lo, hi = 1, most
     if tokens(1) > target:

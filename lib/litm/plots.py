@@ -126,3 +126,120 @@ def depth_length_heatmap(df, depths: int = 10, ax=None, title: str | None = None
         ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def _new_axes(ax, size):
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        return plt.subplots(figsize=size)
+    return ax.figure, ax
+
+
+def attention_heatmap(trough_table, ax=None, title: str | None = None):
+    """Layer x document-position heatmap from `attention.troughs(..., by_layer=True)`: each layer's
+    mean attention per document divided by that layer's mean over positions (1 = the layer's average),
+    so the shape across positions shows in every layer whatever its scale."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    wide = trough_table.pivot(index="layer", columns="doc_position", values="mean").sort_index()
+    rel = wide.div(wide.mean(axis=1), axis=0).to_numpy(dtype=float)
+    fig, ax = _new_axes(ax, (0.45 * wide.shape[1] + 3, 0.16 * wide.shape[0] + 2))
+    spread = max(float(np.nanmax(np.abs(rel - 1))), 1e-6)
+    im = ax.imshow(rel, aspect="auto", origin="lower", cmap="RdBu_r",
+                   norm=TwoSlopeNorm(vcenter=1.0, vmin=max(0.0, 1 - spread), vmax=1 + spread))
+    ax.set_xticks(range(wide.shape[1]), [str(int(c) + 1) for c in wide.columns])
+    ax.set_xlabel("Document position (1 = first)")
+    ax.set_ylabel("Layer")
+    fig.colorbar(im, ax=ax, label="Attention / the layer's mean over positions")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def sink_strength(sink_table, ax=None, title: str | None = None):
+    """Mean attention to token 0 (solid) and to the first four tokens (dashed) per layer, averaged over
+    heads, one colour per prompt length (from `attention.sinks_by_length`)."""
+    fig, ax = _new_axes(ax, (6.5, 4))
+    for i, (n, g) in enumerate(sink_table.groupby("num_tokens")):
+        by_layer = g.groupby("layer")[["first", "first_four"]].mean()
+        ax.plot(by_layer.index, by_layer["first"], color=f"C{i}", marker=".", label=f"{n} tokens: token 0")
+        ax.plot(by_layer.index, by_layer["first_four"], color=f"C{i}", linestyle="--", linewidth=1,
+                label=f"{n} tokens: tokens 0-3")
+    ax.set_xlabel("Layer")
+    ax.set_ylabel("Mean attention over all queries and heads")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def sink_map(sink_table, num_tokens: int | None = None, ax=None, title: str | None = None):
+    """Layer x head map of the mean attention to token 0 for one prompt length (the longest by default);
+    heads above 0.5 (sinks) are marked with a dot."""
+    n = int(sink_table["num_tokens"].max()) if num_tokens is None else num_tokens
+    g = sink_table[sink_table["num_tokens"] == n]
+    wide = g.pivot(index="layer", columns="head", values="first").sort_index()
+    fig, ax = _new_axes(ax, (0.35 * wide.shape[1] + 3, 0.16 * wide.shape[0] + 2))
+    im = ax.imshow(wide.to_numpy(dtype=float), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=1)
+    layer_idx, head_idx = np.nonzero(wide.to_numpy(dtype=float) > 0.5)
+    ax.scatter(head_idx, layer_idx, s=8, color="cyan")
+    ax.set_xlabel("Head")
+    ax.set_ylabel("Layer")
+    fig.colorbar(im, ax=ax, label="Mean attention to token 0")
+    ax.set_title(title or f"Sinks at {n} tokens: {len(layer_idx)} heads put over half on token 0 (dots)",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def attention_and_accuracy_curves(table, title: str | None = None):
+    """Two panels from `attention.attention_and_accuracy`: attention on the gold document and accuracy,
+    each against the gold position with 95% intervals."""
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    x = table["position"].to_numpy() + 1
+    for ax, (y, lo, hi, label, color) in zip((a1, a2), (
+            ("attention", "attention_ci_low", "attention_ci_high", "Attention on the gold document", "C2"),
+            ("accuracy", "ci_low", "ci_high", "Accuracy", "C0"))):
+        ax.plot(x, table[y], marker="o", color=color)
+        ax.fill_between(x, table[lo], table[hi], color=color, alpha=0.2)
+        ax.set_xticks(x)
+        ax.set_xlabel("Position of the gold document (1 = first)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    a2.set_ylim(-0.02, 1.02)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def recall_curves(recall_table, title: str | None = None):
+    """Recall@k of the gold document ranked by attention, vanilla against calibrated, by gold position
+    (one panel per k, Wilson 95% intervals), from `attention.recall_by_position`."""
+    import matplotlib.pyplot as plt
+
+    ks = sorted(recall_table["k"].unique())
+    fig, axes = plt.subplots(1, len(ks), figsize=(5 * len(ks), 3.8), squeeze=False)
+    for ax, k in zip(axes[0], ks):
+        for i, (method, g) in enumerate(recall_table[recall_table["k"] == k].groupby("method", sort=False)):
+            g = g.sort_values("position")
+            x = g["position"].to_numpy() + 1
+            ax.plot(x, g["recall"], marker="o", color=f"C{i}", label=method)
+            ax.fill_between(x, g["ci_low"], g["ci_high"], color=f"C{i}", alpha=0.15)
+            ax.set_xticks(x)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("Position of the gold document (1 = first)")
+        ax.set_ylabel(f"Recall@{k} of the gold by attention")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
