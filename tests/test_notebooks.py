@@ -11,6 +11,8 @@ SMALL = "LIMIT = 2\nPOSITIONS = (0, 9)\n"
 NOTEBOOKS = [
     ("01-kv-retrieval-position-sweep", SMALL, ["01-kv-position-curve"]),
     ("02-multidoc-qa-position-sweep", SMALL, ["02-qa-position-curve"]),
+    ("03-attention-sinks-and-troughs", SMALL + "CAL_EXAMPLES = 1\nSINK_LENGTHS = (250, 500)\n",
+     ["03-sink-strength", "03-sink-map", "03-attention-heatmap", "03-attention-vs-accuracy", "03-calibrated-recall"]),
     ("06-statistics-and-reporting",
      "LIMIT = 4\nPOSITIONS = (0, 4, 9)\nLENGTHS = (250, 500)\nDEPTHS = 4\nGRID_LIMIT = 3\nN_BOOT = 200\n",
      ["06-depth-length-heatmap"]),
