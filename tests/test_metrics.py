@@ -157,3 +157,17 @@ def test_kv_other_value_does_not_match():
 def test_kv_partial_value_does_not_match():
     assert kv_match(UUID_V[:-1], UUID_V) is False
     assert kv_match("", UUID_V) is False
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Lamiskmial Felnothvaeth [3]", [3]),
+    ("Paris [2, 5] and [2]", [2, 5]),
+    ("It is in Document 4.", [4]),
+    ("search result [7] says so", [7]),
+    ("no citation here", []),
+    ("Ada Lovelace\n[9]", []),  # only the first line counts, as for the answer
+])
+def test_parse_citations(text, expected):
+    from litm.metrics import parse_citations
+
+    assert parse_citations(text) == expected

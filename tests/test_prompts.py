@@ -509,3 +509,55 @@ def test_continuation(text, expected):
 def test_continuation_on_rendered_prompts(tok, chat_tok):
     assert render(FOUR, tok).continuation("Port Wen") == " Port Wen"
     assert render(FOUR, chat_tok).continuation("Port Wen") == "Port Wen"
+
+
+# ------------------------------------------------------------------------------------ strategy variants
+XML_AMP = Example(id="x", question="who?", answers=("B",), task="qa", documents=(
+    Document("d&1", 'A "quoted" <title>', "Fish & chips < 5", is_gold=True),))
+
+
+def test_grounded_repeat_with_citations_in_xml_text():
+    text, _, doc_spans, q_spans, name = render_text(QA, Variant(repeat=True, cite=True, doc_format="xml"))
+    assert name == "qa_with_grounded_repeat_with_citations"
+    assert text == (
+        "Use only the search results below to answer the question. Some of the search results may not be relevant "
+        "to it. After the answer, give the number of the search result it comes from in square brackets, like [2]."
+        "\n\nQuestion: who wrote moby dick\n\n"
+        '<document index="1" id="d1" title="Nantucket">Nantucket is an island south of Cape Cod.</document>\n'
+        '<document index="2" id="g" title="Moby-Dick">Moby-Dick is an 1851 novel by Herman Melville.</document>'
+        "\n\nAnswer from the search results above only, not from memory.\n"
+        "Question: who wrote moby dick\nAnswer:")
+    assert [text[s:e] for s, e in doc_spans][1].startswith('<document index="2"')
+    assert [text[s:e] for s, e in q_spans] == ["who wrote moby dick"] * 2
+
+
+def test_xml_escapes_attributes_and_text():
+    text = render_text(XML_AMP, Variant(doc_format="xml"))[0]
+    assert ('<document index="1" id="d&amp;1" title=\'A "quoted" &lt;title&gt;\'>Fish &amp; chips &lt; 5'
+            '</document>') in text
+
+
+def test_citations_on_the_papers_layout():
+    text, *_, name = render_text(QA, Variant(cite=True))
+    assert name == "qa_with_citations"
+    assert text == EXPECTED_QA.replace("relevant to it.", "relevant to it. After the answer, give the number of the "
+                                       "search result it comes from in square brackets, like [2].")
+
+
+def test_xml_manifest_spans_cover_each_element(tok):
+    p = render(gold_at(FOUR, 2), tok, Variant(doc_format="xml"))
+    elements = [f'<document index="{i + 1}" id="{d.id}" title="{d.title}">{d.text}</document>'
+                for i, d in enumerate(gold_at(FOUR, 2).documents)]
+    _check_spans(p, tok, elements)
+    assert p.manifest.gold_index == 2
+
+
+def test_strategy_variants_refuse_what_they_cannot_do(tmp_path):
+    with pytest.raises(ConfigError, match="drop query_aware"):
+        render_text(QA, Variant(repeat=True, query_aware=True))
+    with pytest.raises(ConfigError, match="QA prompts only"):
+        render_text(KV, Variant(cite=True))
+    with pytest.raises(ConfigError, match="unknown doc_format 'html'"):
+        render_text(QA, Variant(doc_format="html"))
+    with pytest.raises(ConfigError, match="repeat and cite are ours"):
+        render_text(QA, Variant(cite=True, template="paper", template_dir=str(tmp_path)))

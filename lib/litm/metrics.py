@@ -30,3 +30,17 @@ def best_subspan_em(prediction: str, answers: Iterable[str]) -> bool:
 def kv_match(prediction: str, value: str) -> bool:
     """True when the gold value appears in the prediction, ignoring case."""
     return value.lower() in prediction.lower()
+
+
+_CITATION = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]|\b(?:document|search result)\s+(?:\[)?(\d+)", re.IGNORECASE)
+
+
+def parse_citations(prediction: str) -> list[int]:
+    """Document numbers (1-based) cited in the first line of a prediction: "[3]", "[2, 5]", "Document 4",
+    "search result 1"; in order of appearance, without repeats."""
+    out: list[int] = []
+    for bracket, named in _CITATION.findall(first_line(prediction)):
+        for n in (bracket.split(",") if bracket else [named]):
+            if int(n) not in out:
+                out.append(int(n))
+    return out

@@ -1,10 +1,13 @@
-"""Where each document goes: choose the documents and move the gold to a position."""
+"""Where each document goes: choose the documents, move the gold to a position, or order a ranked list
+with a named strategy (rank, reverse, U-shape, LangChain's reorder, random, evidence first)."""
 from __future__ import annotations
 
+import random
 from dataclasses import replace
+from typing import Sequence
 
 from .errors import ConfigError
-from .types import Example
+from .types import Document, Example
 
 
 def with_num_documents(example: Example, num_docs: int) -> Example:
@@ -32,3 +35,101 @@ def gold_at(example: Example, position: int) -> Example:
     distractors = [d for d in example.documents if d is not gold]
     distractors.insert(position, gold)
     return replace(example, documents=tuple(distractors))
+
+
+# ----------------------------------------------------------------------------- strategies over a ranked list
+# Each takes documents ranked by relevance (index 0 = most relevant) and returns them in prompt order.
+def rank(ranked: Sequence) -> list:
+    """Most relevant first (the retriever's order)."""
+    return list(ranked)
+
+
+def reverse(ranked: Sequence) -> list:
+    """Most relevant last, next to the question."""
+    return list(ranked)[::-1]
+
+
+def u_shape(ranked: Sequence) -> list:
+    """Sandwich: rank 1 first, rank 2 last, rank 3 second, rank 4 second to last, ... so the least
+    relevant end up in the middle (six documents: 1, 3, 5, 6, 4, 2)."""
+    ranked = list(ranked)
+    return ranked[0::2] + ranked[1::2][::-1]
+
+
+def langchain(ranked: Sequence) -> list:
+    """LangChain's (and LlamaIndex's) LongContextReorder as it behaves: it walks the ranked list from
+    the least relevant, alternately prepending and appending, so the outcome depends on parity.  With an
+    odd count it equals `u_shape` (rank 1 first: 1, 3, 5, 4, 2); with an even count it is its mirror
+    image, rank 1 *last* and rank 2 first (2, 4, 6, 5, 3, 1)."""
+    backwards = list(ranked)[::-1]
+    return backwards[0::2][::-1] + backwards[1::2]
+
+
+def random_order(ranked: Sequence, seed: int = 0) -> list:
+    """A seeded shuffle (the same seed gives the same order)."""
+    return random.Random(seed).sample(list(ranked), len(ranked))
+
+
+def evidence_first(ranked: Sequence, evidence: Sequence[float], m: int = 1) -> list:
+    """Evidence-aware: the `m` documents with the highest `evidence` score (a second signal, e.g.
+    calibrated attention; aligned with `ranked`) first, most evident first; the rest keep rank order."""
+    ranked = list(ranked)
+    _check_scores(ranked, evidence, "evidence")
+    if not 0 <= m <= len(ranked):
+        raise ConfigError(f"m must lie in 0..{len(ranked)}, got {m}.")
+    top = sorted(range(len(ranked)), key=lambda i: (-evidence[i], i))[:m]
+    return [ranked[i] for i in top] + [d for i, d in enumerate(ranked) if i not in top]
+
+
+STRATEGIES = {"rank": rank, "reverse": reverse, "u_shape": u_shape, "langchain": langchain,
+              "random": random_order, "evidence_first": evidence_first}
+
+
+def _check_scores(docs: Sequence, scores, what: str = "scores") -> None:
+    if scores is None:
+        raise ConfigError(f"{what} are missing: give one number per document.")
+    if len(scores) != len(docs):
+        raise ConfigError(f"got {len(scores)} {what} for {len(docs)} documents; give one per document.")
+    if any(s is None or s != s for s in scores):
+        raise ConfigError(f"{what} contain a missing value (None or NaN); score every document.")
+
+
+def ranked_top_k(documents: Sequence[Document], scores: Sequence[float], k: int | None = None) -> list[Document]:
+    """The `k` highest-scoring documents, most relevant first (ties keep the input order)."""
+    docs = list(documents)
+    if not docs:
+        raise ConfigError("the pool of documents is empty; retrieve at least one document.")
+    _check_scores(docs, scores)
+    ids = [d.id for d in docs]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"duplicate document ids {dupes[:5]}: every document in a pool needs its own id.")
+    k = len(docs) if k is None else k
+    if not 1 <= k <= len(docs):
+        raise ConfigError(f"k={k} but the pool holds {len(docs)} documents; choose k in 1..{len(docs)}.")
+    order = sorted(range(len(docs)), key=lambda i: (-float(scores[i]), i))[:k]
+    return [docs[i] for i in order]
+
+
+def arrange(ranked: Sequence, strategy: str, seed: int = 0, evidence: Sequence[float] | None = None,
+            m: int = 1) -> list:
+    """Put a ranked list in prompt order with a named strategy (see `STRATEGIES`)."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"unknown ordering strategy {strategy!r}: use one of {', '.join(STRATEGIES)}.")
+    if strategy == "random":
+        return random_order(ranked, seed)
+    if strategy == "evidence_first":
+        return evidence_first(ranked, evidence, m)
+    return STRATEGIES[strategy](ranked)
+
+
+def reorder(example: Example, scores: Sequence[float], strategy: str, k: int | None = None, seed: int = 0,
+            evidence: Sequence[float] | None = None, m: int = 1) -> Example:
+    """The example with its top-`k` documents by `scores` (aligned with `example.documents`) in the
+    order `strategy` gives; `evidence`, for evidence_first, is aligned with the documents too."""
+    ranked = ranked_top_k(example.documents, scores, k)
+    if evidence is not None:
+        _check_scores(example.documents, evidence, "evidence")
+        by_id = {d.id: e for d, e in zip(example.documents, evidence)}
+        evidence = [by_id[d.id] for d in ranked]
+    return replace(example, documents=tuple(arrange(ranked, strategy, seed, evidence, m)))

@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import hashlib
 import string
+from xml.sax.saxutils import escape, quoteattr
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, DataError
 from .types import Example
 
+_QA_INSTRUCTION = ("Use only the search results below to answer the question. "
+                   "Some of the search results may not be relevant to it.")
+_CITE = " After the answer, give the number of the search result it comes from in square brackets, like [2]."
+_QA_LAYOUTS = {
+    "qa": "{instruction}\n\n{{search_results}}\n\nQuestion: {{question}}\nAnswer:",
+    "qa_with_query_aware_contextualization":
+        "{instruction}\n\nQuestion: {{question}}\n\n{{search_results}}\n\nQuestion: {{question}}\nAnswer:",
+    "qa_with_grounded_repeat": ("{instruction}\n\nQuestion: {{question}}\n\n{{search_results}}\n\n"
+                                "Answer from the search results above only, not from memory.\n"
+                                "Question: {{question}}\nAnswer:"),
+}
 OUR_TEMPLATES = {
-    "qa": (
-        "Use only the search results below to answer the question. "
-        "Some of the search results may not be relevant to it.\n\n"
-        "{search_results}\n\nQuestion: {question}\nAnswer:"
-    ),
-    "qa_with_query_aware_contextualization": (
-        "Use only the search results below to answer the question. "
-        "Some of the search results may not be relevant to it.\n\n"
-        "Question: {question}\n\n{search_results}\n\nQuestion: {question}\nAnswer:"
-    ),
+    **{name: layout.format(instruction=_QA_INSTRUCTION) for name, layout in _QA_LAYOUTS.items()},
+    **{f"{name}_with_citations": layout.format(instruction=_QA_INSTRUCTION + _CITE)
+       for name, layout in _QA_LAYOUTS.items()},
     "closedbook_qa": "Answer the question below.\n\nQuestion: {question}\nAnswer:",
     "kv_retrieval": (
         "The JSON object below maps keys to values. Find the value stored under the given key.\n\n"
@@ -37,6 +42,7 @@ OUR_TEMPLATES = {
     ),
     "closedbook_kv_retrieval": "Give the value stored under the key below.\n\nKey: \"{key}\"\nCorresponding value:",
 }
+DOC_FORMATS = ("paper", "xml")
 PAPER_TEMPLATE_DIR = Path("src") / "lost_in_the_middle" / "prompts"
 CONDITIONS = ("documents", "closedbook", "oracle")
 _SENTINEL = "\x00LITM-USER-CONTENT\x00"
@@ -48,6 +54,9 @@ class Variant:
 
     condition: str = "documents"  # documents | closedbook | oracle
     query_aware: bool = False  # question before and after the documents
+    repeat: bool = False  # QA: question before, and after the documents again with a grounding instruction
+    doc_format: str = "paper"  # QA: "paper" (Document [i](Title: ...) lines) or "xml" (<document ...> elements)
+    cite: bool = False  # QA: ask for the number of the supporting document in brackets after the answer
     template: str = "ours"  # ours | paper
     template_dir: str = "data/liu2023"  # where `litm fetch liu2023` put the paper's files
     chat: bool | None = None  # None: use the tokenizer's chat template when it has one
@@ -103,8 +112,14 @@ def template_name(task: str, variant: Variant) -> str:
     if task == "qa":
         if variant.condition == "closedbook":
             return "closedbook_qa"
-        return "qa_with_query_aware_contextualization" if variant.query_aware else "qa"
+        if variant.repeat and variant.query_aware:
+            raise ConfigError("repeat already puts the question before and after the documents; drop query_aware.")
+        name = ("qa_with_grounded_repeat" if variant.repeat else
+                "qa_with_query_aware_contextualization" if variant.query_aware else "qa")
+        return name + ("_with_citations" if variant.cite else "")
     if task == "kv":
+        if variant.repeat or variant.cite or variant.doc_format != "paper":
+            raise ConfigError("repeat, cite and doc_format apply to QA prompts only.")
         if variant.condition == "closedbook":
             return "closedbook_kv_retrieval"
         return "kv_retrieval_with_query_aware_contextualization" if variant.query_aware else "kv_retrieval"
@@ -119,6 +134,8 @@ def load_template(name: str, variant: Variant) -> str:
         raise ConfigError(f"unknown template family {variant.template!r}: use 'ours' or 'paper'.")
     if name == "closedbook_kv_retrieval":
         raise ConfigError("the paper has no closed-book KV prompt; use template='ours' for that condition.")
+    if name.startswith("qa_with_grounded_repeat") or name.endswith("_with_citations"):
+        raise ConfigError(f"the paper has no {name!r} prompt (repeat and cite are ours); use template='ours'.")
     path = Path(variant.template_dir) / PAPER_TEMPLATE_DIR / f"{name}.prompt"
     if not path.is_file():
         raise DataError(f"{path}: the paper's template is missing. Run `python -m litm fetch liu2023` "
@@ -147,7 +164,7 @@ def _fill(template: str, values: dict[str, tuple[str, list[tuple[int, int]]]]):
     return "".join(out), fields, inner
 
 
-def _format_documents(example: Example) -> tuple[str, list[tuple[int, int]]]:
+def _format_documents(example: Example, doc_format: str = "paper") -> tuple[str, list[tuple[int, int]]]:
     if example.task == "kv":
         parts, spans, pos = [], [], 0
         last = len(example.documents) - 1
@@ -159,9 +176,15 @@ def _format_documents(example: Example) -> tuple[str, list[tuple[int, int]]]:
             parts.append(lead + body + tail)
             pos += len(lead) + len(body) + len(tail)
         return "".join(parts), spans
+    if doc_format not in DOC_FORMATS:
+        raise ConfigError(f"unknown doc_format {doc_format!r}: use one of {DOC_FORMATS}.")
     lines, spans, pos = [], [], 0
     for i, d in enumerate(example.documents):
-        line = f"Document [{i + 1}](Title: {d.title}) {d.text}"
+        if doc_format == "xml":
+            line = (f"<document index={quoteattr(str(i + 1))} id={quoteattr(d.id)} title={quoteattr(d.title)}>"
+                    f"{escape(d.text)}</document>")
+        else:
+            line = f"Document [{i + 1}](Title: {d.title}) {d.text}"
         spans.append((pos, pos + len(line)))
         lines.append(line)
         pos += len(line) + 1
@@ -178,7 +201,7 @@ def render_text(example: Example, variant: Variant = Variant()):
         example = Example(example.id, example.question, example.answers, (example.gold,), example.task)
     shown = () if variant.condition == "closedbook" else example.documents
     name = template_name(example.task, variant)
-    docs_text, doc_spans = _format_documents(example) if shown else ("", [])
+    docs_text, doc_spans = _format_documents(example, variant.doc_format) if shown else ("", [])
     doc_field, q_field = ("formatted_kv_records", "key") if example.task == "kv" else ("search_results", "question")
     text, fields, inner = _fill(load_template(name, variant),
                                 {doc_field: (docs_text, doc_spans), q_field: (example.question, [])})
