@@ -13,6 +13,10 @@ NOTEBOOKS = [
     ("02-multidoc-qa-position-sweep", SMALL, ["02-qa-position-curve"]),
     ("03-attention-sinks-and-troughs", SMALL + "CAL_EXAMPLES = 1\nSINK_LENGTHS = (250, 500)\n",
      ["03-sink-strength", "03-sink-map", "03-attention-heatmap", "03-attention-vs-accuracy", "03-calibrated-recall"]),
+    ("04-reordering-strategies",
+     "LIMIT = 2\nPOOL = 8\nK = 4\nSTRATEGIES = ('rank', 'langchain')\nORACLE_POSITIONS = (0,)\n"
+     "VARIANTS = ('after', 'xml')\nTIME_FIRST = 2\n",
+     ["04-strategy-accuracy", "04-rank-placement", "04-accuracy-vs-cache-reuse"]),
     ("06-statistics-and-reporting",
      "LIMIT = 4\nPOSITIONS = (0, 4, 9)\nLENGTHS = (250, 500)\nDEPTHS = 4\nGRID_LIMIT = 3\nN_BOOT = 200\n",
      ["06-depth-length-heatmap"]),

@@ -127,12 +127,14 @@ def load_examples(config: SweepConfig) -> list[Example]:
 
 
 def candidates(example: Example) -> tuple[list[str], int]:
-    """Forced-choice candidates: the answer each document supports; returns them and the gold's index."""
+    """Forced-choice candidates: the answers the documents support (each once, in order of first
+    appearance); returns them and the index of the gold's."""
     answers = [d.answer for d in example.documents]
     if any(a is None for a in answers):
         raise ConfigError(f"example {example.id}: forced choice needs an answer per document (generated QA, "
                           "or KV); use scoring='loglik' or 'generate' for this data.")
-    return answers, example.gold_index
+    unique = list(dict.fromkeys(answers))
+    return unique, unique.index(example.gold.answer)
 
 
 def prompt_for(example: Example, condition: str, position: int | None, config: SweepConfig, tok) -> Prompt:

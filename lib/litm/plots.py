@@ -243,3 +243,73 @@ def recall_curves(recall_table, title: str | None = None):
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def strategy_accuracy(summary, title: str | None = None, chance: float | None = None):
+    """Accuracy (Wilson 95%) of each strategy x variant condition from `strategies.summarize`, oracle
+    placements in grey, other variants in orange; the dashed line is the first (baseline) condition."""
+    fig, ax = _new_axes(None, (7, 0.38 * len(summary) + 1.5))
+    y = np.arange(len(summary))[::-1]
+    colors = ["grey" if a.startswith("gold@") else ("C1" if v != summary["variant"].iloc[0] else "C0")
+              for a, v in zip(summary["arrangement"], summary["variant"])]
+    acc = summary["accuracy"].to_numpy()
+    err = np.vstack([acc - summary["ci_low"].to_numpy(), summary["ci_high"].to_numpy() - acc])
+    for yi, a, e, c in zip(y, acc, err.T, colors):
+        ax.errorbar(a, yi, xerr=e[:, None], fmt="o", color=c, capsize=3)
+    ax.axvline(acc[0], color="C0", linestyle="--", linewidth=1)
+    if chance is not None:
+        ax.axvline(chance, color="grey", linestyle="-.", linewidth=0.8, label="chance")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_yticks(y, [c.replace("|", " · ") for c in summary["condition"]])
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel("Accuracy (95% Wilson interval)")
+    ax.grid(alpha=0.3, axis="x")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def rank_placement_bars(placement, title: str | None = None):
+    """For each arrangement, the share of prompts where the retriever's rank 1, 2, 3 documents sit in the
+    first half of the documents (solid) or the second half (hatched), from `strategies.rank_placement`."""
+    base = placement[placement["variant"] == placement["variant"].iloc[0]]
+    arrangements = list(dict.fromkeys(base["arrangement"]))
+    ranks = sorted(base["rank"].unique())
+    fig, ax = _new_axes(None, (1.1 * len(arrangements) + 2, 3.8))
+    width = 0.8 / len(ranks)
+    for j, r in enumerate(ranks):
+        g = base[base["rank"] == r].set_index("arrangement").reindex(arrangements)
+        x = np.arange(len(arrangements)) + (j - (len(ranks) - 1) / 2) * width
+        ax.bar(x, g["before"], width, color=f"C{j}", label=f"rank {r}: first half")
+        ax.bar(x, g["after"], width, bottom=g["before"], color=f"C{j}", alpha=0.35, hatch="//",
+               label=f"rank {r}: second half")
+    ax.set_xticks(range(len(arrangements)), arrangements, rotation=20)
+    ax.set_ylabel("Share of prompts")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7, ncol=len(ranks), loc="upper center", bbox_to_anchor=(0.5, -0.22))
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_vs_reuse(layout_summary, title: str | None = None):
+    """Accuracy (Wilson 95%) against the fraction of prompt tokens a prefix cache reuses, one point per
+    layout, annotated with the measured warm/cold prefill speed-up (from `prefix.layout_study`)."""
+    fig, ax = _new_axes(None, (6, 4))
+    for i, r in enumerate(layout_summary.itertuples()):
+        ax.errorbar(r.reuse_fraction, r.accuracy, yerr=[[r.accuracy - r.ci_low], [r.ci_high - r.accuracy]],
+                    fmt="o", color=f"C{i}", capsize=3, label=r.layout)
+        ax.annotate(f"{r.layout}\nprefill x{r.speedup:.1f}", (r.reuse_fraction, r.accuracy),
+                    textcoords="offset points", xytext=(6, 4), fontsize=7)
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("Prompt tokens reused by a prefix cache")
+    ax.set_ylabel("Forced-choice accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig

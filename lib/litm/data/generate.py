@@ -8,9 +8,10 @@ import gzip
 import json
 import random
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..types import Document, Example
 
 
@@ -164,3 +165,21 @@ def write_jsonl(records: list[dict], path: str | Path) -> Path:
         for r in records:
             fh.write(json.dumps(r) + "\n")
     return path
+
+
+def shared_document_questions(example: Example) -> list[Example]:
+    """For a generated fictional-QA example, one question per document over the same documents: the
+    question of its relation asked about each document's entity, that document gold.  (Queries that share
+    one document set, as a prefix cache sees them.)"""
+    kinds = {kind: question for kind, question, _, _ in _RELATIONS}
+    out = []
+    for j, doc in enumerate(example.documents):
+        entity, _, rest = doc.title.partition(" (")
+        kind = rest.rstrip(")")
+        if kind not in kinds or doc.answer is None:
+            raise DataError(f"document {doc.id} is not a generated fictional-QA document; shared questions are "
+                            "made for generate_fictional_qa's examples only.")
+        docs = tuple(replace(d, is_gold=i == j) for i, d in enumerate(example.documents))
+        out.append(Example(f"{example.id}/q{j}", kinds[kind].format(e=entity), (doc.answer,), docs, "qa",
+                           {"shared_with": example.id}))
+    return out

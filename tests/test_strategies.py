@@ -1,0 +1,166 @@
+"""The strategies experiment end to end on the tiny model, its summaries against hand computations, and
+prefix-cache reuse and prefill against cold prefill."""
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from litm import prefix, strategies as S
+from litm.data import fictional_qa_records, generate_fictional_qa, shared_document_questions, write_jsonl
+from litm.errors import ConfigError, DataError
+from litm.experiment import candidates
+from litm.prompts import Variant, render
+from litm.types import Document, Example
+
+CFG = S.StrategyConfig(pool=6, k=4, oracle_positions=(0, 3), variants=("after", "both"), limit=3,
+                       sentences_per_doc=2, progress=False)
+
+
+def test_conditions_cross_the_first_variant_only_unless_asked():
+    assert CFG.conditions() == [("rank", "after"), ("reverse", "after"), ("u_shape", "after"),
+                                ("langchain", "after"), ("random", "after"), ("gold@0", "after"),
+                                ("gold@3", "after"), ("rank", "both")]
+    assert len(replace(CFG, cross=True).conditions()) == 7 * 2
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"strategies": ("zigzag",)}, "zigzag"), ({"variants": ("loud",)}, "loud"), ({"retriever": "tfidf"}, "tfidf"),
+    ({"k": 7}, "k=7"), ({"oracle_positions": (4,)}, "out of range"), ({"limit": None}, "limit"),
+    ({"strategies": (), "oracle_positions": ()}, "nothing to run"),
+])
+def test_bad_configs_are_clear_errors(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        replace(CFG, **kwargs)
+
+
+def _retrieved(k=4):
+    docs = tuple(Document(f"d{i}", f"T{i}", f"text {i}", is_gold=i == 5, answer=f"a{i}") for i in range(6))
+    ex = Example("e", "q?", ("a5",), docs, "qa")
+    return S.Retrieved(ex, docs[:k], gold_pool_rank=6)  # the retriever ranked the gold last: missed
+
+
+def test_oracle_placement_brings_a_missed_gold_in_place_of_the_kth_document():
+    r = _retrieved()
+    assert [d.id for d in S.arranged(r, "gold@1", 0).documents] == ["d0", "d5", "d1", "d2"]
+    assert [d.id for d in S.arranged(r, "reverse", 0).documents] == ["d3", "d2", "d1", "d0"]
+    assert S.arranged(r, "random", 0).documents == S.arranged(r, "random", 0).documents
+
+
+def test_run_on_the_tiny_model_records_every_condition_and_resumes(tiny_lm, tmp_path):
+    cfg = replace(CFG, results_dir=str(tmp_path))
+    df = S.run(cfg, tiny_lm)
+    assert len(df) == 3 * len(cfg.conditions())
+    assert df["status"].eq("ok").all() and df["gold_retrieved"].all()  # BM25 finds the invented name
+    rev = df[df["condition"] == "reverse|after"]
+    assert all(p == [3, 2, 1, 0] for p in rev["rank_positions"])
+    lc = df[df["condition"] == "langchain|after"]  # k = 4, even: rank 1 last, rank 2 first
+    assert all(p[:2] == [3, 0] for p in lc["rank_positions"])
+    assert (df.loc[df["condition"] == "gold@3|after", "gold_index"] == 3).all()
+    # the prompts are the ones the strategy names: rendered again by hand, they hash the same
+    pools = S.load_pools(cfg)
+    r = S.retrieve(pools[0], cfg)
+    prompt = render(S.arranged(r, "u_shape", cfg.seed), tiny_lm.tokenizer, Variant(query_aware=True))
+    row = df[(df["example_id"] == pools[0].id) & (df["arrangement"] == "u_shape")].iloc[0]
+    assert row["prompt_sha256"] != prompt.manifest.sha256  # u_shape ran with the "after" variant
+    prompt = render(S.arranged(r, "u_shape", cfg.seed), tiny_lm.tokenizer, Variant())
+    assert row["prompt_sha256"] == prompt.manifest.sha256
+    again = S.run(cfg, tiny_lm)
+    assert again.sort_values(["condition", "example_id"])["latency_s"].tolist() == \
+        df.sort_values(["condition", "example_id"])["latency_s"].tolist()
+
+
+def test_a_missed_gold_is_wrong_without_scoring(tiny_lm, tmp_path):
+    records = fictional_qa_records(2, 5, seed=3, sentences_per_doc=2)
+    for rec in records:  # the data's retriever puts the gold (ctxs[0]) last
+        for j, c in enumerate(rec["ctxs"]):
+            c["score"] = 0.0 if j == 0 else 10.0 - j
+    path = write_jsonl(records, tmp_path / "pool.jsonl")
+    cfg = replace(CFG, data=str(path), pool=5, k=3, retriever="data", oracle_positions=(1,), variants=("after",),
+                  results_dir=str(tmp_path / "r"), limit=None)
+    with pytest.raises(ConfigError, match="forced choice"):  # Liu-format files carry no per-document answers
+        S.run(cfg, tiny_lm)
+    df = S.run(replace(cfg, scoring="loglik"), tiny_lm)
+    missed = df[df["arrangement"] == "rank"]
+    assert (~missed["gold_retrieved"]).all() and missed["gold_index"].isna().all()
+    assert missed["gold_loglik"].isna().all() and (missed["gold_pool_rank"] == 5).all()
+    oracle = df[df["arrangement"] == "gold@1"]
+    assert (oracle["gold_index"] == 1).all() and oracle["gold_loglik"].notna().all()
+
+
+def _records(values):
+    rows = []
+    for cond, outcomes in values.items():
+        a, v = cond.split("|")
+        for i, ok in enumerate(outcomes):
+            rows.append({"example_id": f"q{i}", "condition": cond, "position": None, "arrangement": a, "variant": v,
+                         "status": "ok", "correct": bool(ok), "gold_retrieved": True, "gold_index": 0,
+                         "num_docs_shown": 4, "rank_positions": [0, 3, 1, 2] if a == "u" else [0, 1, 2, 3]})
+    return pd.DataFrame(rows)
+
+
+def test_summary_is_paired_against_the_baseline():
+    df = _records({"r|after": [1, 1, 0, 0, 1, 0], "u|after": [1, 1, 1, 0, 1, 1]})
+    s = S.summarize(df, n_boot=2000).set_index("condition")
+    assert s.loc["r|after", "accuracy"] == pytest.approx(0.5) and s.loc["u|after", "accuracy"] == pytest.approx(5 / 6)
+    assert s.loc["u|after", "diff"] == pytest.approx(2 / 6)
+    assert s.loc["u|after", "mcnemar_p"] == pytest.approx(0.5)  # 2 discordant pairs, both one way: 2 * 0.5**2
+    assert s.loc["u|after", "diff_low"] >= 0 and np.isnan(s.loc["r|after", "diff"])
+    place = S.rank_placement(df, ranks=2).set_index(["arrangement", "rank"])
+    assert place.loc[("u", 2), "after"] == 1.0 and place.loc[("r", 2), "before"] == 1.0
+    with pytest.raises(ConfigError, match="baseline"):
+        S.summarize(df, baseline="x|y")
+
+
+# ----------------------------------------------------------------------------- prefix caching
+def test_reuse_counts_the_longest_prefix_shared_with_any_earlier_prompt():
+    r = prefix.reuse([[1, 2, 3, 4], [1, 2, 9, 9, 9], [1, 2, 3, 7], [5]])
+    assert (r.total_tokens, r.reused_tokens) == (14, 0 + 2 + 3 + 0)
+    assert prefix.reuse([[1, 2], [1, 2]]).reused_tokens == 1  # the last token always runs
+    assert prefix.common_prefix([1, 2, 3], [1, 2]) == 2
+
+
+def test_layouts_of_questions_sharing_documents():
+    qs = shared_document_questions(generate_fictional_qa(1, 4, seed=1, sentences_per_doc=1)[0])
+    assert [q.gold.id for q in qs] == [d.id for d in qs[0].documents]
+    rel = [[1.0 if i == j else 0.1 * i for i in range(4)] for j in range(4)]  # question j: document j first
+    ids = [d.id for d in qs[0].documents]
+    static = prefix.layout(qs, "static", rel)
+    assert all([d.id for d in q.documents] == ids for q in static)
+    per = prefix.layout(qs, "per_query", rel)  # u_shape of each ranking: rank 1 first
+    assert [q.documents[0].id for q in per] == [q.gold.id for q in qs]
+    top = prefix.layout(qs, "static_dynamic_top", rel)
+    assert all([d.id for d in q.documents] == ids + [q.gold.id + "#top"] for q in top)
+    assert candidates(top[2]) == (candidates(qs[2])[0], 2)  # the repeated gold is one candidate, not two
+    with pytest.raises(ConfigError, match="unknown layout"):
+        prefix.layout(qs, "sideways", rel)
+    with pytest.raises(DataError, match="generated fictional-QA"):
+        shared_document_questions(Example("x", "q", ("a",), (Document("d", "Plain", "t", True, answer="a"),), "qa"))
+
+
+def test_warm_prefill_reuses_the_cache_and_gives_the_same_logits(tiny_lm):
+    qs = shared_document_questions(generate_fictional_qa(1, 3, seed=2, sentences_per_doc=2)[0])
+    ids = [render(q, tiny_lm.tokenizer, Variant()).input_ids for q in qs]
+    t = prefix.timed_prefill(tiny_lm, ids)
+    assert t.shared_tokens == min(prefix.common_prefix(ids[0], p) for p in ids) > 20
+    assert t.max_logit_diff < 1e-4 and t.cold_s > 0 and t.warm_s > 0
+    summary, rows = prefix.layout_study(tiny_lm, qs, np.eye(3).tolist(), time_first=2)
+    assert list(summary["layout"]) == list(prefix.LAYOUTS) and len(rows) == 9
+    assert summary.set_index("layout").loc["static", "reuse_fraction"] > summary.set_index("layout").loc[
+        "per_query", "reuse_fraction"]
+
+
+def test_strategy_figures_draw_from_tables(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from litm import plots
+
+    df = _records({"r|after": [1, 0, 1], "u|after": [1, 1, 0], "gold@0|after": [1, 1, 1], "r|xml": [0, 0, 1]})
+    layouts = pd.DataFrame({"layout": list(prefix.LAYOUTS), "accuracy": [0.2, 0.4, 0.5], "ci_low": [0.1, 0.2, 0.3],
+                            "ci_high": [0.5, 0.6, 0.7], "reuse_fraction": [0.9, 0.1, 0.8], "speedup": [3.0, 1.0, 2.5]})
+    for name, fig in {"acc": plots.strategy_accuracy(S.summarize(df, n_boot=100), chance=0.25),
+                      "place": plots.rank_placement_bars(S.rank_placement(df)),
+                      "reuse": plots.accuracy_vs_reuse(layouts)}.items():
+        png, _ = plots.save_figure(fig, name, tmp_path)
+        assert png.stat().st_size > 1000
