@@ -221,3 +221,16 @@ def test_attention_figures_draw_from_tables(tmp_path):
     for name, fig in figures.items():
         png, _ = plots.save_figure(fig, name, tmp_path)
         assert png.stat().st_size > 1000
+
+
+def test_attention_scores_are_per_token_attention_minus_the_bias(tiny_model_dir, tiny_lm):
+    example = load_examples(CFG)[0]
+    prompt = render(example, tiny_lm.tokenizer, Variant())
+    q0, q1 = prompt.manifest.question_spans[-1]
+    _, keys = eager_reference(str(tiny_model_dir), prompt, list(range(q0, q1)))  # [layer, head, key]
+    per_token = np.stack([keys[:, :, s:e].sum(-1).mean(1) / (e - s) for s, e in prompt.manifest.doc_spans], -1)
+    np.testing.assert_allclose(A.attention_scores(tiny_lm, example), per_token.mean(0), atol=1e-5)
+    bias = pd.DataFrame({"example_id": "cal", "doc_position": np.repeat(np.arange(4), 2), "layer": np.tile([0, 1], 4),
+                         "mass": 0.0, "per_token": np.arange(8) / 100})
+    got = A.attention_scores(tiny_lm, example, bias, layers=[1])
+    np.testing.assert_allclose(got, per_token[1] - np.array([1, 3, 5, 7]) / 100, atol=1e-5)

@@ -70,22 +70,34 @@ def test_run_on_the_tiny_model_records_every_condition_and_resumes(tiny_lm, tmp_
         df.sort_values(["condition", "example_id"])["latency_s"].tolist()
 
 
-def test_a_missed_gold_is_wrong_without_scoring(tiny_lm, tmp_path):
-    records = fictional_qa_records(2, 5, seed=3, sentences_per_doc=2)
-    for rec in records:  # the data's retriever puts the gold (ctxs[0]) last
-        for j, c in enumerate(rec["ctxs"]):
-            c["score"] = 0.0 if j == 0 else 10.0 - j
-    path = write_jsonl(records, tmp_path / "pool.jsonl")
-    cfg = replace(CFG, data=str(path), pool=5, k=3, retriever="data", oracle_positions=(1,), variants=("after",),
-                  results_dir=str(tmp_path / "r"), limit=None)
-    with pytest.raises(ConfigError, match="forced choice"):  # Liu-format files carry no per-document answers
-        S.run(cfg, tiny_lm)
-    df = S.run(replace(cfg, scoring="loglik"), tiny_lm)
+def test_a_missed_gold_is_wrong_under_forced_choice_and_scored_otherwise(tiny_lm, tmp_path, monkeypatch):
+    # a retriever that ranks the gold last, so the top k misses it
+    monkeypatch.setattr(S, "retrieval_scores", lambda ex, name: [-1.0 if d.is_gold else 1.0 for d in ex.documents])
+    cfg = replace(CFG, oracle_positions=(1,), variants=("after",), strategies=("rank",), results_dir=str(tmp_path))
+    calls = []
+    real_choice = S.runner.choice
+    monkeypatch.setattr(S.runner, "choice", lambda lm, prompts, *a: calls.append(len(prompts)) or
+                        real_choice(lm, prompts, *a))
+    df = S.run(cfg, tiny_lm)
     missed = df[df["arrangement"] == "rank"]
     assert (~missed["gold_retrieved"]).all() and missed["gold_index"].isna().all()
-    assert missed["gold_loglik"].isna().all() and (missed["gold_pool_rank"] == 5).all()
+    assert (missed["correct"] == False).all() and (missed["gold_pool_rank"] == 6).all()  # noqa: E712
     oracle = df[df["arrangement"] == "gold@1"]
     assert (oracle["gold_index"] == 1).all() and oracle["gold_loglik"].notna().all()
+    assert sum(calls) == 3, "only the oracle prompts (which hold the gold) went to the model"
+    loglik = S.run(replace(cfg, scoring="loglik", results_dir=str(tmp_path / "ll")), tiny_lm)
+    assert loglik.loc[loglik["arrangement"] == "rank", "gold_loglik"].notna().all()  # the answer without evidence
+
+
+def test_liu_files_need_loglik_or_generate(tiny_lm, tmp_path):
+    path = write_jsonl(fictional_qa_records(2, 5, seed=3, sentences_per_doc=2), tmp_path / "pool.jsonl")
+    cfg = replace(CFG, data=str(path), pool=5, k=3, retriever="bm25", variants=("after",), limit=None,
+                  oracle_positions=(1,),
+                  results_dir=str(tmp_path / "r"))
+    with pytest.raises(ConfigError, match="forced choice"):  # Liu-format files carry no per-document answers
+        S.run(cfg, tiny_lm)
+    df = S.run(replace(cfg, scoring="loglik", strategies=("rank",), oracle_positions=()), tiny_lm)
+    assert len(df) == 2 and df["gold_loglik"].notna().all()
 
 
 def _records(values):
@@ -164,3 +176,17 @@ def test_strategy_figures_draw_from_tables(tmp_path):
                       "reuse": plots.accuracy_vs_reuse(layouts)}.items():
         png, _ = plots.save_figure(fig, name, tmp_path)
         assert png.stat().st_size > 1000
+
+
+def test_attention_retriever_and_cited_generations_on_the_tiny_model(tiny_lm, tmp_path):
+    from litm.metrics import parse_citations
+
+    cfg = replace(CFG, retriever="attention", strategies=("rank",), oracle_positions=(), variants=("cite",),
+                  scoring="generate", max_new_tokens=6, limit=2, results_dir=str(tmp_path))
+    df = S.run(cfg, tiny_lm)
+    assert len(df) == 2 and df["gold_pool_rank"].between(1, 6).all()
+    for _, r in df.iterrows():
+        assert r["citations"] == parse_citations(r["prediction"])
+        assert r["cited_gold"] == (r["gold_index"] is not None and r["gold_index"] == r["gold_index"]
+                                   and int(r["gold_index"]) + 1 in r["citations"])
+        assert r["supported"] == (r["correct"] and r["cited_gold"])

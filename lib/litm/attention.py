@@ -483,3 +483,17 @@ def sinks_by_length(lm: LoadedModel, config, lengths, progress: bool = True):
                                   "layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers),
                                   "first": s.first.ravel(), "first_four": s.first_four.ravel()}))
     return pd.concat(rows, ignore_index=True)
+
+
+def attention_scores(lm: LoadedModel, example, bias=None, layers=None, queries="question", variant=None,
+                     value: str = "per_token") -> np.ndarray:
+    """A retriever's scores from the model's own attention: each document of `example`, in its given order,
+    scored by its head-averaged attention (`value`: per token or total mass, averaged over `layers`) from
+    the `queries` tokens, minus the bias at its position when a `position_bias` table is given (the
+    calibrated relevance of Hsieh et al.).  Aligned with `example.documents`."""
+    from .prompts import Variant, render
+
+    prompt = render(example, lm.tokenizer, variant or Variant())
+    rows = _frame([_doc_rows(lm, prompt, queries, {"example_id": example.id, "position": -1}, None)])
+    s = relevance_scores(rows, bias, layers, value).sort_values("doc_position")
+    return s["calibrated" if bias is not None else "vanilla"].to_numpy()

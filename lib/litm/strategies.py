@@ -20,6 +20,8 @@ from .retrieval import RETRIEVERS, scores as retrieval_scores
 from .store import ResultStore
 from .types import Example
 
+STRATEGY_RETRIEVERS = RETRIEVERS + ("attention",)  # attention: the model's calibrated attention (litm.attention)
+BIAS_EXAMPLES = 3  # held-out questions for the attention retriever's positional bias
 # Prompt variants by name: the paper's layout, query-aware contextualisation, the question repeated after
 # the documents with a grounding instruction, XML documents, and an instruction to cite.
 VARIANTS = {"after": {}, "both": {"query_aware": True}, "repeat": {"repeat": True}, "xml": {"doc_format": "xml"},
@@ -36,7 +38,7 @@ class StrategyConfig:
     data: str = "generated"  # or a Liu et al. QA file: each record's documents are the pool
     pool: int = 20  # candidate documents per question (the gold and distractors)
     k: int = 10  # kept after retrieval
-    retriever: str = "bm25"  # bm25 | dense | data
+    retriever: str = "bm25"  # bm25 | dense | data | attention
     strategies: tuple[str, ...] = ("rank", "reverse", "u_shape", "langchain", "random")
     oracle_positions: tuple[int, ...] = (0, 4, 9)  # the gold placed by hand among the k (0-based)
     variants: tuple[str, ...] = ("after", "both", "repeat", "xml")
@@ -62,8 +64,8 @@ class StrategyConfig:
         bad = [v for v in self.variants if v not in VARIANTS]
         if bad:
             raise ConfigError(f"unknown prompt variants {bad}: use {list(VARIANTS)}.")
-        if self.retriever not in RETRIEVERS:
-            raise ConfigError(f"unknown retriever {self.retriever!r}: use one of {RETRIEVERS}.")
+        if self.retriever not in STRATEGY_RETRIEVERS:
+            raise ConfigError(f"unknown retriever {self.retriever!r}: use one of {STRATEGY_RETRIEVERS}.")
         if self.scoring not in SCORINGS:
             raise ConfigError(f"unknown scoring {self.scoring!r}: use one of {SCORINGS}.")
         if not 1 <= self.k <= self.pool:
@@ -130,8 +132,25 @@ class Retrieved:
     gold_pool_rank: int | None  # 1-based rank of the gold in the whole pool; None without a gold
 
 
-def retrieve(example: Example, config: StrategyConfig) -> Retrieved:
-    s = retrieval_scores(example, config.retriever)
+def attention_retriever(lm: LoadedModel, config: StrategyConfig, pools: list[Example]):
+    """Scores from the model's calibrated attention (question tokens, the last half of the layers), the
+    positional bias estimated on held-out questions (another seed; the first pools for a data file)."""
+    from . import attention
+    from .experiment import SweepConfig
+
+    held_out = (generate_fictional_qa(BIAS_EXAMPLES, config.pool, config.seed + 1, config.sentences_per_doc)
+                if config.data == "generated" else pools[:BIAS_EXAMPLES])
+    sweep_like = SweepConfig(task="qa", template=config.template, chat=config.chat, limit=1, positions=(0,),
+                             progress=False)
+    bias = attention.position_bias(lm, sweep_like, held_out, progress=False, queries="question")
+    n = lm.model.config.get_text_config().num_hidden_layers
+    return lambda ex: attention.attention_scores(lm, ex, bias, range(n // 2, n), "question",
+                                                 Variant(template=config.template, chat=config.chat))
+
+
+def retrieve(example: Example, config: StrategyConfig, scorer=None) -> Retrieved:
+    """Score the pool (with `scorer(example)` when given, else the named retriever) and keep the top k."""
+    s = scorer(example) if scorer is not None else retrieval_scores(example, config.retriever)
     order = ranked_top_k(example.documents, s, len(example.documents))
     gold_rank = next((i + 1 for i, d in enumerate(order) if d.is_gold), None)
     return Retrieved(example, tuple(order[:config.k]), gold_rank)
@@ -164,7 +183,7 @@ def _record(ex: Example, prompt: Prompt, r: Retrieved, arrangement: str, variant
 
 
 def _score(lm: LoadedModel, exs: list[Example], prompts: list[Prompt], config: StrategyConfig) -> list[dict]:
-    """Scores for prompts that hold the gold (forced-choice candidates are the shown documents' answers)."""
+    """Scores of prompts (forced-choice candidates are the shown documents' answers, so these hold the gold)."""
     if config.scoring == "choice":
         cands = [candidates(e) for e in exs]
         got = runner.choice(lm, prompts, [c[0] for c in cands], [c[1] for c in cands], config.batch_size)
@@ -205,7 +224,8 @@ def run(config: StrategyConfig, model: LoadedModel | None = None):
         stores[(a, v)] = ResultStore(config.results_dir, config_hash(rc), rc, lm.identity)
     todo = [(c, e) for c in conds for e in pools if e.id not in stores[c]]
     needed = {e.id for _, e in todo}
-    retrieved = {e.id: retrieve(e, config) for e in pools if e.id in needed}
+    scorer = attention_retriever(lm, config, pools) if config.retriever == "attention" and needed else None
+    retrieved = {e.id: retrieve(e, config, scorer) for e in pools if e.id in needed}
     bar = tqdm(total=len(todo), desc="strategies", disable=not config.progress or not todo)
     for (a, v) in conds:
         store = stores[(a, v)]
@@ -215,8 +235,11 @@ def run(config: StrategyConfig, model: LoadedModel | None = None):
             chunk = [arranged(retrieved[e.id], a, config.seed) for e in pending[start:start + config.batch_size]]
             prompts = [render(e, lm.tokenizer, variant) for e in chunk]
             recs = [_record(e, p, retrieved[e.id], a, v) for e, p in zip(chunk, prompts)]
-            fits = [_needed_tokens(lm, e, p, config) <= lm.window for e, p in zip(chunk, prompts)]
-            run_idx = [i for i, (rec, f) in enumerate(zip(recs, fits)) if f and rec["gold_in_prompt"]]
+            fits = [(p.manifest.num_tokens if config.scoring == "choice" and p.manifest.gold_index is None
+                     else _needed_tokens(lm, e, p, config)) <= lm.window for e, p in zip(chunk, prompts)]
+            # forced choice cannot pick an answer no shown document supports: a missed gold is wrong unscored
+            run_idx = [i for i, (rec, f) in enumerate(zip(recs, fits))
+                       if f and (rec["gold_in_prompt"] or config.scoring != "choice")]
             scored = dict(zip(run_idx, _score(lm, [chunk[i] for i in run_idx], [prompts[i] for i in run_idx],
                                               config) if run_idx else []))
             for i, rec in enumerate(recs):
@@ -224,9 +247,8 @@ def run(config: StrategyConfig, model: LoadedModel | None = None):
                     rec.update(status="too_long", correct=None, gold_loglik=None, window=lm.window)
                 elif i in scored:
                     rec.update(status="ok", **scored[i])
-                else:  # the retriever missed the gold: the answer is not in the prompt to be found
-                    rec.update(status="ok", correct=False if config.scoring != "loglik" else None,
-                               gold_loglik=None, prediction=None)
+                else:
+                    rec.update(status="ok", correct=False, gold_loglik=None, prediction=None)
                 store.append(rec)
                 bar.update(1)
     bar.close()
