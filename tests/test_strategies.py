@@ -75,8 +75,10 @@ def test_a_missed_gold_is_wrong_under_forced_choice_and_scored_otherwise(tiny_lm
     monkeypatch.setattr(S, "retrieval_scores", lambda ex, name: [-1.0 if d.is_gold else 1.0 for d in ex.documents])
     cfg = replace(CFG, oracle_positions=(1,), variants=("after",), strategies=("rank",), results_dir=str(tmp_path))
     calls = []
-    real_choice = S.runner.choice
-    monkeypatch.setattr(S.runner, "choice", lambda lm, prompts, *a: calls.append(len(prompts)) or
+    from litm import runner
+
+    real_choice = runner.choice
+    monkeypatch.setattr(runner, "choice", lambda lm, prompts, *a: calls.append(len(prompts)) or
                         real_choice(lm, prompts, *a))
     df = S.run(cfg, tiny_lm)
     missed = df[df["arrangement"] == "rank"]

@@ -95,12 +95,12 @@ def run_config(config: SweepConfig, condition: str, position: int | None) -> dic
     if config.data == "generated":
         d["data"] = f"generated-{config.task}"
     else:  # by content, so results stay valid when the file or the repository moves
-        d["data"] = {"file": Path(config.data).name, "sha256": _file_sha256(config.data)}
+        d["data"] = {"file": Path(config.data).name, "sha256": cached_file_sha256(config.data)}
     d.update(condition=condition, position=position)
     return d
 
 
-_file_sha256 = functools.lru_cache(maxsize=32)(file_sha256)
+cached_file_sha256 = functools.lru_cache(maxsize=32)(file_sha256)
 
 
 def sweep_identity(run: dict) -> dict:
@@ -155,7 +155,8 @@ def _record(example: Example, prompt: Prompt, condition: str, position: int | No
             "num_docs_shown": len(m.doc_ids)}
 
 
-def _score(lm: LoadedModel, examples: list[Example], prompts: list[Prompt], config: SweepConfig):
+def score_prompts(lm: LoadedModel, examples: list[Example], prompts: list[Prompt], config: SweepConfig):
+    """Run the runner pass `config.scoring` names (`config` needs scoring, batch_size, max_new_tokens)."""
     if config.scoring == "loglik":
         return runner.loglik(lm, prompts, [e.answers[0] for e in examples], config.batch_size)
     if config.scoring == "choice":
@@ -164,7 +165,8 @@ def _score(lm: LoadedModel, examples: list[Example], prompts: list[Prompt], conf
     return runner.generate(lm, prompts, config.max_new_tokens, config.batch_size)
 
 
-def _needed_tokens(lm: LoadedModel, example: Example, prompt: Prompt, config: SweepConfig) -> int:
+def needed_tokens(lm: LoadedModel, example: Example, prompt: Prompt, config: SweepConfig) -> int:
+    """Tokens the scoring needs in the model's window: the prompt plus the longest answer or generation."""
     if config.scoring == "generate":
         return len(prompt.input_ids) + config.max_new_tokens
     answers = candidates(example)[0] if config.scoring == "choice" else [example.answers[0]]
@@ -205,10 +207,10 @@ def sweep(config: SweepConfig, model: LoadedModel | None = None):
         for start in range(0, len(pending), config.batch_size):
             chunk = pending[start:start + config.batch_size]
             prompts = [prompt_for(e, cond, pos, config, lm.tokenizer) for e in chunk]
-            fits = [_needed_tokens(lm, e, p, config) <= window for e, p in zip(chunk, prompts)]
+            fits = [needed_tokens(lm, e, p, config) <= window for e, p in zip(chunk, prompts)]
             run_e = [e for e, f in zip(chunk, fits) if f]
             run_p = [p for p, f in zip(prompts, fits) if f]
-            scored = iter(_score(lm, run_e, run_p, config) if run_e else [])
+            scored = iter(score_prompts(lm, run_e, run_p, config) if run_e else [])
             for e, p, f in zip(chunk, prompts, fits):
                 rec = _record(e, p, cond, pos, config.scoring)
                 if not f:

@@ -8,10 +8,9 @@ import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from . import runner
 from .data import generate_fictional_qa, read_examples
 from .errors import ConfigError
-from .experiment import SCORINGS, _file_sha256, _needed_tokens, candidates, config_hash
+from .experiment import SCORINGS, cached_file_sha256, candidates, config_hash, needed_tokens, score_prompts
 from .metrics import best_subspan_em, parse_citations
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .ordering import STRATEGIES, arrange, gold_at, ranked_top_k, with_num_documents
@@ -103,7 +102,7 @@ def run_config(config: StrategyConfig, arrangement: str, variant: str) -> dict:
     if config.data == "generated":
         d["data"] = "generated-qa"
     else:
-        d["data"] = {"file": Path(config.data).name, "sha256": _file_sha256(config.data)}
+        d["data"] = {"file": Path(config.data).name, "sha256": cached_file_sha256(config.data)}
         d.pop("sentences_per_doc")
     d.update(kind="strategies", arrangement=arrangement, variant=variant)
     return d
@@ -183,24 +182,17 @@ def _record(ex: Example, prompt: Prompt, r: Retrieved, arrangement: str, variant
 
 
 def _score(lm: LoadedModel, exs: list[Example], prompts: list[Prompt], config: StrategyConfig) -> list[dict]:
-    """Scores of prompts (forced-choice candidates are the shown documents' answers, so these hold the gold)."""
-    if config.scoring == "choice":
-        cands = [candidates(e) for e in exs]
-        got = runner.choice(lm, prompts, [c[0] for c in cands], [c[1] for c in cands], config.batch_size)
-        return [{"correct": s.gold_rank == 1, "gold_loglik": s.gold_loglik, "gold_rank": s.gold_rank,
-                 "prediction": None, "latency_s": round(s.latency_s, 4)} for s in got]
-    if config.scoring == "loglik":
-        got = runner.loglik(lm, prompts, [e.answers[0] for e in exs], config.batch_size)
-        return [{"correct": None, "gold_loglik": s.gold_loglik, "prediction": None,
-                 "latency_s": round(s.latency_s, 4)} for s in got]
-    got = runner.generate(lm, prompts, config.max_new_tokens, config.batch_size)
+    """Score prompts as a sweep does; generations are also checked for the documents they cite."""
     out = []
-    for e, p, s in zip(exs, prompts, got):
-        cited = parse_citations(s.prediction)
-        ok = best_subspan_em(s.prediction, e.answers)
-        gold_cited = p.manifest.gold_index is not None and p.manifest.gold_index + 1 in cited
-        out.append({"correct": ok, "prediction": s.prediction, "gold_loglik": None, "citations": cited,
-                    "cited_gold": gold_cited, "supported": ok and gold_cited, "latency_s": round(s.latency_s, 4)})
+    for e, p, s in zip(exs, prompts, score_prompts(lm, exs, prompts, config)):
+        rec = {"prediction": s.prediction, "gold_loglik": s.gold_loglik, "gold_rank": s.gold_rank,
+               "latency_s": round(s.latency_s, 4), "correct": s.gold_rank == 1 if config.scoring == "choice" else None}
+        if config.scoring == "generate":
+            cited = parse_citations(s.prediction)
+            gold_cited = p.manifest.gold_index is not None and p.manifest.gold_index + 1 in cited
+            rec.update(correct=best_subspan_em(s.prediction, e.answers), citations=cited, cited_gold=gold_cited)
+            rec["supported"] = rec["correct"] and gold_cited
+        out.append(rec)
     return out
 
 
@@ -236,7 +228,7 @@ def run(config: StrategyConfig, model: LoadedModel | None = None):
             prompts = [render(e, lm.tokenizer, variant) for e in chunk]
             recs = [_record(e, p, retrieved[e.id], a, v) for e, p in zip(chunk, prompts)]
             fits = [(p.manifest.num_tokens if config.scoring == "choice" and p.manifest.gold_index is None
-                     else _needed_tokens(lm, e, p, config)) <= lm.window for e, p in zip(chunk, prompts)]
+                     else needed_tokens(lm, e, p, config)) <= lm.window for e, p in zip(chunk, prompts)]
             # forced choice cannot pick an answer no shown document supports: a missed gold is wrong unscored
             run_idx = [i for i, (rec, f) in enumerate(zip(recs, fits))
                        if f and (rec["gold_in_prompt"] or config.scoring != "choice")]
