@@ -191,11 +191,12 @@ def _format_documents(example: Example, doc_format: str = "paper") -> tuple[str,
     return "\n".join(lines), spans
 
 
-def render_text(example: Example, variant: Variant = Variant()):
-    """The prompt text before chat wrapping, with character spans of the documents and the question."""
+def render_text(example: Example, variant: Variant = Variant(), allow_empty: bool = False):
+    """The prompt text before chat wrapping, with character spans of the documents and the question.
+    `allow_empty` renders a documents prompt with none (a budget's fixed part, or all dropped)."""
     if variant.condition not in CONDITIONS:
         raise ConfigError(f"unknown condition {variant.condition!r}: use one of {CONDITIONS}.")
-    if not example.documents and variant.condition != "closedbook":
+    if not example.documents and variant.condition != "closedbook" and not allow_empty:
         raise DataError(f"example {example.id} has no documents.")
     if variant.condition == "oracle":
         example = Example(example.id, example.question, example.answers, (example.gold,), example.task)
@@ -223,9 +224,9 @@ def uses_chat(tokenizer, variant: Variant) -> bool:
     return has if variant.chat is None else bool(variant.chat)
 
 
-def render(example: Example, tokenizer, variant: Variant = Variant()) -> Prompt:
+def render(example: Example, tokenizer, variant: Variant = Variant(), allow_empty: bool = False) -> Prompt:
     """Render, wrap in the chat template if any, tokenize, and locate every span in tokens."""
-    text, shown, doc_chars, q_chars, name = render_text(example, variant)
+    text, shown, doc_chars, q_chars, name = render_text(example, variant, allow_empty)
     chat = uses_chat(tokenizer, variant)
     if chat:
         wrapped = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,

@@ -1,0 +1,208 @@
+"""Fitting documents to a context budget, counted in the model's own tokens, and accounting for whether
+the gold evidence survived.  Every strategy re-renders the prompt it builds, so the budget holds exactly."""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from .errors import ConfigError, DataError
+from .metrics import normalize_answer
+from .prompts import Variant, render
+from .types import Document, Example
+
+STRATEGIES = ("truncate", "drop_lowest", "extractive")
+CUT_MIN_TOKENS = 100  # truncate cuts the last document only when more than this many tokens remain
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Prompt tokens: the model's window less a reserve for the answer, capped by `ceiling`; `fixed` is
+    the prompt without any document (instruction, question, template, chat wrapping)."""
+
+    window: int
+    reserve: int
+    ceiling: int | None
+    fixed: int
+
+    @property
+    def total(self) -> int:
+        cap = self.window - self.reserve
+        return cap if self.ceiling is None else min(cap, self.ceiling)
+
+    @property
+    def context(self) -> int:
+        """Tokens left for the documents."""
+        return self.total - self.fixed
+
+
+def _tokens(lm, example: Example, variant: Variant) -> int:
+    return len(render(example, lm.tokenizer, variant, allow_empty=True).input_ids)
+
+
+def plan_budget(lm, example: Example, variant: Variant = Variant(), reserve: int = 32,
+                ceiling: int | None = None) -> Budget:
+    """The budget for `example`'s prompt on `lm` (its window and tokenizer)."""
+    if reserve < 0:
+        raise ConfigError(f"reserve must be at least 0, got {reserve}.")
+    if ceiling is not None and ceiling > lm.window:
+        raise ConfigError(f"a ceiling of {ceiling} tokens is larger than the model's window of {lm.window}; "
+                          "use at most the window.")
+    fixed = _tokens(lm, replace(example, documents=()), variant)
+    budget = Budget(lm.window, reserve, ceiling, fixed)
+    if budget.context <= 0:
+        raise ConfigError(f"a budget of {budget.total} tokens is smaller than the prompt's fixed parts ({fixed} "
+                          f"tokens: instruction, question, template) plus nothing; raise the ceiling or lower the "
+                          "reserve.")
+    return budget
+
+
+_SENTENCE = re.compile(r"[^.!?]*(?:[.!?]+|$)\s*")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences with their trailing spaces, so that joining them gives the text back."""
+    return [s for s in _SENTENCE.findall(text) if s]
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """A compressed example and what was kept of each original document."""
+
+    example: Example
+    strategy: str
+    budget: Budget
+    prompt_tokens: int
+    original_tokens: int
+    kept: tuple[dict, ...]  # per original document: id, status (whole | partial | dropped), kept characters
+    seconds: float
+
+
+def _kept(original: Example, compressed: Example) -> tuple[dict, ...]:
+    now = {d.id: d for d in compressed.documents}
+    out = []
+    for d in original.documents:
+        c = now.get(d.id)
+        status = "dropped" if c is None else ("whole" if c.text == d.text else "partial")
+        out.append({"id": d.id, "status": status, "chars": 0 if c is None else len(c.text), "of": len(d.text)})
+    return tuple(out)
+
+
+def _check(example: Example) -> None:
+    empty = [d.id for d in example.documents if not d.text.strip()]
+    if empty:
+        raise DataError(f"documents {empty[:5]} of example {example.id} are empty; drop them before compressing.")
+
+
+def _fits(lm, example: Example, variant: Variant, budget: Budget) -> bool:
+    return _tokens(lm, example, variant) <= budget.total
+
+
+def _truncate(lm, example: Example, budget: Budget, variant: Variant) -> Example:
+    kept: list[Document] = []
+    for d in example.documents:
+        trial = replace(example, documents=tuple(kept + [d]))
+        if _fits(lm, trial, variant, budget):
+            kept.append(d)
+            continue
+        left = budget.total - _tokens(lm, replace(example, documents=tuple(kept)), variant)
+        if left > CUT_MIN_TOKENS:
+            sentences = split_sentences(d.text)
+            lo, hi = 0, len(sentences)  # the most leading sentences that fit
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                cut = replace(d, text="".join(sentences[:mid]).rstrip())
+                if _fits(lm, replace(example, documents=tuple(kept + [cut])), variant, budget):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            if lo:
+                kept.append(replace(d, text="".join(sentences[:lo]).rstrip()))
+        break
+    return replace(example, documents=tuple(kept))
+
+
+def _drop_lowest(lm, example: Example, budget: Budget, variant: Variant, scores: Sequence[float]) -> Example:
+    order = sorted(range(len(example.documents)), key=lambda i: (scores[i], -i))  # least relevant first
+    keep = set(range(len(example.documents)))
+    for i in order:
+        if _fits(lm, replace(example, documents=tuple(d for j, d in enumerate(example.documents) if j in keep)),
+                 variant, budget):
+            break
+        keep.discard(i)
+    return replace(example, documents=tuple(d for j, d in enumerate(example.documents) if j in keep))
+
+
+def _extractive(lm, example: Example, budget: Budget, variant: Variant) -> Example:
+    from .retrieval import bm25_scores
+
+    units = [(i, j, s) for i, d in enumerate(example.documents) for j, s in enumerate(split_sentences(d.text))]
+    pool = [Document(id=f"{i}:{j}", title=example.documents[i].title, text=s) for i, j, s in units]
+    s = bm25_scores(example.question, pool)
+    chosen: set[int] = set()
+
+    def build(sel: set[int]) -> Example:
+        docs = []
+        for i, d in enumerate(example.documents):
+            text = "".join(units[u][2] for u in sorted(sel) if units[u][0] == i).rstrip()
+            if text:
+                docs.append(replace(d, text=text))
+        return replace(example, documents=tuple(docs))
+
+    for u in sorted(range(len(units)), key=lambda u: (-s[u], u)):  # most relevant sentence first
+        if _fits(lm, build(chosen | {u}), variant, budget):
+            chosen.add(u)
+    return build(chosen)
+
+
+def compress(lm, example: Example, budget: Budget, strategy: str, variant: Variant = Variant(),
+             scores: Sequence[float] | None = None) -> Compressed:
+    """Fit `example`'s documents into `budget` with a named strategy:
+
+    - "truncate": whole documents in their given order until the budget; the last one cut at a sentence
+      boundary when more than 100 tokens remain;
+    - "drop_lowest": drop the least relevant documents (`scores`, aligned with the documents) until it fits;
+    - "extractive": the question's most relevant sentences (BM25 over the sentences) while they fit, kept in
+      their original order within their documents.
+    """
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"unknown compression strategy {strategy!r}: use one of {', '.join(STRATEGIES)}.")
+    _check(example)
+    t0 = time.perf_counter()
+    if strategy == "truncate":
+        out = _truncate(lm, example, budget, variant)
+    elif strategy == "drop_lowest":
+        if scores is None or len(scores) != len(example.documents):
+            raise ConfigError(f"drop_lowest needs one relevance score per document ({len(example.documents)}).")
+        out = _drop_lowest(lm, example, budget, variant, scores)
+    else:
+        out = _extractive(lm, example, budget, variant)
+    seconds = time.perf_counter() - t0
+    return Compressed(out, strategy, budget, _tokens(lm, out, variant), _tokens(lm, example, variant),
+                      _kept(example, out), seconds)
+
+
+def _answer_sentence(doc: Document, answers: Sequence[str]) -> str | None:
+    """The shortest run of consecutive sentences holding an answer (an answer like "St. Louis" spans
+    what a sentence splitter sees as two)."""
+    sentences = split_sentences(doc.text)
+    for length in range(1, len(sentences) + 1):
+        for start in range(len(sentences) - length + 1):
+            run = "".join(sentences[start:start + length])
+            if any(normalize_answer(a) in normalize_answer(run) for a in answers):
+                return run.strip()
+    return None
+
+
+def survival(original: Example, compressed: Example) -> dict:
+    """Did the gold evidence survive compression: the answer string anywhere in the kept documents, the
+    gold document's answer-bearing sentence intact, and where the gold document now sits (0-based)."""
+    gold = original.gold
+    text = " ".join(normalize_answer(d.text) for d in compressed.documents)
+    answer_kept = any(normalize_answer(a) in text for a in original.answers)
+    sentence = _answer_sentence(gold, original.answers)
+    now = next((i for i, d in enumerate(compressed.documents) if d.id == gold.id), None)
+    sentence_kept = sentence is not None and now is not None and sentence in compressed.documents[now].text
+    return {"answer_kept": answer_kept, "sentence_kept": bool(sentence_kept), "gold_position": now,
+            "gold_has_sentence": sentence is not None}
