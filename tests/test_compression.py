@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from litm.compression import (CUT_MIN_TOKENS, STRATEGIES, compress, plan_budget, split_sentences, survival)
+from litm.compression import (CUT_MIN_TOKENS, STRATEGIES, compress, plan_budget, split_sentences, survival,
+                              word_surprisal)
 from litm.data import generate_fictional_qa
 from litm.errors import ConfigError, DataError
 from litm.prompts import Variant, render
@@ -45,10 +46,13 @@ def test_every_strategy_respects_the_budget_exactly(tiny_lm, example, strategy, 
     out = compress(tiny_lm, example, budget, strategy, scores=scores)
     assert out.prompt_tokens == tokens(tiny_lm, out.example) <= budget.total
     assert out.original_tokens == tokens(tiny_lm, example) > budget.total
-    # nothing was invented: every kept text is made of its document's own sentences
     originals = {d.id: d for d in example.documents}
     for d in out.example.documents:
-        assert all(s.strip() in originals[d.id].text for s in split_sentences(d.text))
+        if strategy == "lm_prune":  # words kept in their order
+            words, source = d.text.split(), iter(originals[d.id].text.split())
+            assert all(any(w == s for s in source) for w in words)
+        elif strategy != "abstractive":  # nothing invented: the document's own sentences
+            assert all(s.strip() in originals[d.id].text for s in split_sentences(d.text))
 
 
 def test_truncate_keeps_whole_documents_then_cuts_at_a_sentence_only_with_room(tiny_lm, example):
@@ -124,3 +128,31 @@ def test_bad_input_is_a_clear_error(tiny_lm, example):
     empty = replace(example, documents=example.documents[:1] + (replace(example.documents[1], text="  "),))
     with pytest.raises(DataError, match="empty"):
         compress(tiny_lm, empty, budget, "truncate")
+
+
+def test_word_surprisal_adds_up_to_the_texts_negative_log_likelihood(tiny_lm):
+    import torch
+
+    question, text = "who built the mill?", "The old mill was built by Ada Brandt in 1820."
+    words = word_surprisal(tiny_lm, question, text)
+    assert "".join(w for w, _ in words) == text and all(v >= 0 for _, v in words)
+    prefix = tiny_lm.tokenizer(f"Question: {question}\nPassage:\n")["input_ids"]
+    full = tiny_lm.tokenizer(f"Question: {question}\nPassage:\n{text}")["input_ids"]
+    assert full[:len(prefix)] == prefix
+    with torch.no_grad():
+        logp = torch.log_softmax(tiny_lm.model(input_ids=torch.tensor([full])).logits[0], -1)
+    nll = -sum(float(logp[t - 1, full[t]]) for t in range(len(prefix), len(full)))
+    assert sum(v for _, v in words) == pytest.approx(nll, rel=1e-4)
+
+
+def test_lm_strategies_use_a_given_compressor(tiny_lm, example):
+    budget = replace(plan_budget(tiny_lm, example), ceiling=plan_budget(tiny_lm, example).fixed + 120)
+    calls = []
+
+    class Spy:
+        def __init__(self, lm):
+            self.tokenizer, self.device, self.window = lm.tokenizer, lm.device, lm.window
+            self.model = lambda **kw: calls.append(1) or lm.model(**kw)
+
+    out = compress(tiny_lm, example, budget, "lm_prune", compressor=Spy(tiny_lm))
+    assert len(calls) == len(example.documents) and out.prompt_tokens <= budget.total

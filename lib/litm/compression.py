@@ -2,6 +2,7 @@
 the gold evidence survived.  Every strategy re-renders the prompt it builds, so the budget holds exactly."""
 from __future__ import annotations
 
+import bisect
 import re
 import time
 from dataclasses import dataclass, replace
@@ -12,7 +13,7 @@ from .metrics import normalize_answer
 from .prompts import Variant, render
 from .types import Document, Example
 
-STRATEGIES = ("truncate", "drop_lowest", "extractive")
+STRATEGIES = ("truncate", "drop_lowest", "extractive", "lm_prune", "abstractive")
 CUT_MIN_TOKENS = 100  # truncate cuts the last document only when more than this many tokens remain
 
 
@@ -156,15 +157,98 @@ def _extractive(lm, example: Example, budget: Budget, variant: Variant) -> Examp
     return build(chosen)
 
 
+_WORD = re.compile(r"\S+\s*")
+
+
+def word_surprisal(lm, question: str, text: str) -> list[tuple[str, float]]:
+    """Each word of `text` (with its trailing space) and its surprisal in nats under `lm`, conditioned on
+    the question: the sum over the word's tokens of -log p(token | question, text so far)."""
+    import torch
+
+    prefix = f"Question: {question}\nPassage:\n"
+    enc = lm.tokenizer(prefix + text, return_offsets_mapping=True, add_special_tokens=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    with torch.inference_mode():
+        logits = lm.model(input_ids=torch.tensor([ids], device=lm.device)).logits[0].float()
+    logp = torch.log_softmax(logits[:-1], dim=-1).gather(-1, torch.tensor(ids[1:], device=lm.device)[:, None])[:, 0]
+    words = [(m.start(), m.end(), m.group()) for m in _WORD.finditer(text)]
+    out = [[w, 0.0] for _, _, w in words]
+    starts = [s for s, _, _ in words]
+    for t in range(1, len(ids)):
+        s, e = offsets[t]
+        if e <= len(prefix) or e == s:
+            continue
+        k = bisect.bisect_right(starts, max(s, len(prefix)) - len(prefix)) - 1
+        if k >= 0:
+            out[k][1] += -float(logp[t - 1])
+    return [(w, v) for w, v in out]
+
+
+def _lm_prune(lm, example: Example, budget: Budget, variant: Variant, compressor=None) -> Example:
+    """Question-conditioned pruning in the manner of LongLLMLingua: keep the words the compressor LM finds
+    most surprising given the question (the informative ones), the same threshold for every document,
+    the lowest that fits the budget; words keep their order."""
+    scorer = compressor or lm
+    scored = [word_surprisal(scorer, example.question, d.text) for d in example.documents]
+    levels = sorted({v for doc in scored for _, v in doc})
+
+    def build(threshold: float) -> Example:
+        docs = []
+        for d, words in zip(example.documents, scored):
+            text = "".join(w for w, v in words if v >= threshold).strip()
+            if text:
+                docs.append(replace(d, text=text))
+        return replace(example, documents=tuple(docs))
+
+    lo, hi = 0, len(levels)  # the lowest threshold (most words) whose prompt fits; len(levels) keeps none
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _fits(lm, build(levels[mid]), variant, budget):
+            hi = mid
+        else:
+            lo = mid + 1
+    return build(levels[lo]) if lo < len(levels) else replace(example, documents=())
+
+
+ABSTRACT_PROMPT = ("Rewrite the passage below so that it keeps only what bears on the question, in at most "
+                   "{words} words. Write one line.\n\nQuestion: {question}\nPassage: {title}. {text}")
+
+
+def _abstractive(lm, example: Example, budget: Budget, variant: Variant, compressor=None) -> Example:
+    """Each document rewritten by a local LM told to keep only what bears on the question, within a
+    per-document share of the budget; the result is then fitted exactly as `truncate` does."""
+    from .prompts import Prompt
+    from .runner import generate
+
+    gen = compressor or lm
+    per_doc = max(8, budget.context // max(1, len(example.documents)))
+    prompts = []
+    for d in example.documents:
+        text = ABSTRACT_PROMPT.format(words=max(4, int(per_doc * 0.7)), question=example.question, title=d.title,
+                                      text=d.text)
+        if getattr(gen.tokenizer, "chat_template", None):
+            ids = gen.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                    tokenize=True, return_dict=True)["input_ids"]
+        else:
+            ids = gen.tokenizer(text + "\nRewritten passage:")["input_ids"]
+        prompts.append(Prompt(d.id, text, tuple(ids), None))
+    outs = generate(gen, prompts, max_new_tokens=per_doc, batch_size=4)
+    docs = tuple(replace(d, text=o.prediction.split("\n")[0].strip()) for d, o in zip(example.documents, outs))
+    return _truncate(lm, replace(example, documents=tuple(d for d in docs if d.text)), budget, variant)
+
+
 def compress(lm, example: Example, budget: Budget, strategy: str, variant: Variant = Variant(),
-             scores: Sequence[float] | None = None) -> Compressed:
+             scores: Sequence[float] | None = None, compressor=None) -> Compressed:
     """Fit `example`'s documents into `budget` with a named strategy:
 
     - "truncate": whole documents in their given order until the budget; the last one cut at a sentence
       boundary when more than 100 tokens remain;
     - "drop_lowest": drop the least relevant documents (`scores`, aligned with the documents) until it fits;
     - "extractive": the question's most relevant sentences (BM25 over the sentences) while they fit, kept in
-      their original order within their documents.
+      their original order within their documents;
+    - "lm_prune": question-conditioned word pruning by a small LM's surprisal (LongLLMLingua's idea);
+    - "abstractive": each document rewritten by a local LM to what bears on the question, then fitted.
+    `compressor` is the LM that prunes or rewrites (default: `lm` itself).
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown compression strategy {strategy!r}: use one of {', '.join(STRATEGIES)}.")
@@ -176,8 +260,12 @@ def compress(lm, example: Example, budget: Budget, strategy: str, variant: Varia
         if scores is None or len(scores) != len(example.documents):
             raise ConfigError(f"drop_lowest needs one relevance score per document ({len(example.documents)}).")
         out = _drop_lowest(lm, example, budget, variant, scores)
-    else:
+    elif strategy == "extractive":
         out = _extractive(lm, example, budget, variant)
+    elif strategy == "lm_prune":
+        out = _lm_prune(lm, example, budget, variant, compressor)
+    else:
+        out = _abstractive(lm, example, budget, variant, compressor)
     seconds = time.perf_counter() - t0
     return Compressed(out, strategy, budget, _tokens(lm, out, variant), _tokens(lm, example, variant),
                       _kept(example, out), seconds)
