@@ -151,8 +151,22 @@ def test_lm_strategies_use_a_given_compressor(tiny_lm, example):
 
     class Spy:
         def __init__(self, lm):
-            self.tokenizer, self.device, self.window = lm.tokenizer, lm.device, lm.window
+            self.tokenizer, self.device, self.window, self.name = lm.tokenizer, lm.device, lm.window, "spy"
             self.model = lambda **kw: calls.append(1) or lm.model(**kw)
 
-    out = compress(tiny_lm, example, budget, "lm_prune", compressor=Spy(tiny_lm))
+    spy, cache = Spy(tiny_lm), {}
+    out = compress(tiny_lm, example, budget, "lm_prune", compressor=spy, cache=cache)
     assert len(calls) == len(example.documents) and out.prompt_tokens <= budget.total
+    moved = replace(example, documents=example.documents[::-1])  # the same documents in another order
+    again = compress(tiny_lm, moved, budget, "lm_prune", compressor=spy, cache=cache)
+    assert len(calls) == len(example.documents), "the cache shares the per-document work"
+    assert sorted(d.text for d in again.example.documents) == sorted(d.text for d in out.example.documents)
+
+
+@pytest.mark.model
+def test_extractive_with_dense_sentence_scores(tiny_lm, example):
+    budget = replace(plan_budget(tiny_lm, example), ceiling=plan_budget(tiny_lm, example).fixed + 80)
+    out = compress(tiny_lm, example, budget, "extractive", sentence_retriever="dense")
+    assert out.prompt_tokens <= budget.total and survival(example, out.example)["sentence_kept"]
+    with pytest.raises(ConfigError, match="unknown sentence retriever"):
+        compress(tiny_lm, example, budget, "extractive", sentence_retriever="tfidf")

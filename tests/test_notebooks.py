@@ -17,6 +17,8 @@ NOTEBOOKS = [
      "LIMIT = 2\nPOOL = 8\nK = 4\nSTRATEGIES = ('rank', 'langchain')\nORACLE_POSITIONS = (0,)\n"
      "VARIANTS = ('after', 'xml')\nTIME_FIRST = 2\n",
      ["04-strategy-accuracy", "04-rank-placement", "04-accuracy-vs-cache-reuse"]),
+    ("05-compression-strategies", "LIMIT = 1\nPOSITIONS = (0, 9)\nBUDGETS = (300,)\n",
+     ["05-accuracy-vs-tokens", "05-evidence-survival", "05-position-curves"]),
     ("06-statistics-and-reporting",
      "LIMIT = 4\nPOSITIONS = (0, 4, 9)\nLENGTHS = (250, 500)\nDEPTHS = 4\nGRID_LIMIT = 3\nN_BOOT = 200\n",
      ["06-depth-length-heatmap"]),

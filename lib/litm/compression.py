@@ -135,12 +135,14 @@ def _drop_lowest(lm, example: Example, budget: Budget, variant: Variant, scores:
     return replace(example, documents=tuple(d for j, d in enumerate(example.documents) if j in keep))
 
 
-def _extractive(lm, example: Example, budget: Budget, variant: Variant) -> Example:
-    from .retrieval import bm25_scores
+def _extractive(lm, example: Example, budget: Budget, variant: Variant, retriever: str = "bm25") -> Example:
+    from .retrieval import bm25_scores, dense_scores
 
     units = [(i, j, s) for i, d in enumerate(example.documents) for j, s in enumerate(split_sentences(d.text))]
     pool = [Document(id=f"{i}:{j}", title=example.documents[i].title, text=s) for i, j, s in units]
-    s = bm25_scores(example.question, pool)
+    if retriever not in ("bm25", "dense"):
+        raise ConfigError(f"unknown sentence retriever {retriever!r}: use 'bm25' or 'dense'.")
+    s = (bm25_scores if retriever == "bm25" else dense_scores)(example.question, pool)
     chosen: set[int] = set()
 
     def build(sel: set[int]) -> Example:
@@ -158,6 +160,15 @@ def _extractive(lm, example: Example, budget: Budget, variant: Variant) -> Examp
 
 
 _WORD = re.compile(r"\S+\s*")
+
+
+def _memo(cache: dict | None, key, make):
+    """`make()`, remembered in `cache` under `key` when a cache is given (work shared across calls)."""
+    if cache is None:
+        return make()
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
 
 
 def word_surprisal(lm, question: str, text: str) -> list[tuple[str, float]]:
@@ -184,12 +195,13 @@ def word_surprisal(lm, question: str, text: str) -> list[tuple[str, float]]:
     return [(w, v) for w, v in out]
 
 
-def _lm_prune(lm, example: Example, budget: Budget, variant: Variant, compressor=None) -> Example:
+def _lm_prune(lm, example: Example, budget: Budget, variant: Variant, compressor=None, cache=None) -> Example:
     """Question-conditioned pruning in the manner of LongLLMLingua: keep the words the compressor LM finds
     most surprising given the question (the informative ones), the same threshold for every document,
     the lowest that fits the budget; words keep their order."""
     scorer = compressor or lm
-    scored = [word_surprisal(scorer, example.question, d.text) for d in example.documents]
+    scored = [_memo(cache, ("surprisal", scorer.name, example.question, d.text),
+                    lambda d=d: word_surprisal(scorer, example.question, d.text)) for d in example.documents]
     levels = sorted({v for doc in scored for _, v in doc})
 
     def build(threshold: float) -> Example:
@@ -214,7 +226,7 @@ ABSTRACT_PROMPT = ("Rewrite the passage below so that it keeps only what bears o
                    "{words} words. Write one line.\n\nQuestion: {question}\nPassage: {title}. {text}")
 
 
-def _abstractive(lm, example: Example, budget: Budget, variant: Variant, compressor=None) -> Example:
+def _abstractive(lm, example: Example, budget: Budget, variant: Variant, compressor=None, cache=None) -> Example:
     """Each document rewritten by a local LM told to keep only what bears on the question, within a
     per-document share of the budget; the result is then fitted exactly as `truncate` does."""
     from .prompts import Prompt
@@ -222,8 +234,10 @@ def _abstractive(lm, example: Example, budget: Budget, variant: Variant, compres
 
     gen = compressor or lm
     per_doc = max(8, budget.context // max(1, len(example.documents)))
+    key = lambda d: ("abstract", gen.name, example.question, d.title, d.text, per_doc)  # noqa: E731
+    todo = [d for d in example.documents if cache is None or key(d) not in cache]
     prompts = []
-    for d in example.documents:
+    for d in todo:
         text = ABSTRACT_PROMPT.format(words=max(4, int(per_doc * 0.7)), question=example.question, title=d.title,
                                       text=d.text)
         if getattr(gen.tokenizer, "chat_template", None):
@@ -232,23 +246,26 @@ def _abstractive(lm, example: Example, budget: Budget, variant: Variant, compres
         else:
             ids = gen.tokenizer(text + "\nRewritten passage:")["input_ids"]
         prompts.append(Prompt(d.id, text, tuple(ids), None))
-    outs = generate(gen, prompts, max_new_tokens=per_doc, batch_size=4)
-    docs = tuple(replace(d, text=o.prediction.split("\n")[0].strip()) for d, o in zip(example.documents, outs))
+    outs = generate(gen, prompts, max_new_tokens=per_doc, batch_size=4) if prompts else []
+    written = {id(d): o.prediction.split("\n")[0].strip() for d, o in zip(todo, outs)}
+    docs = tuple(replace(d, text=_memo(cache, key(d), lambda d=d: written[id(d)])) for d in example.documents)
     return _truncate(lm, replace(example, documents=tuple(d for d in docs if d.text)), budget, variant)
 
 
 def compress(lm, example: Example, budget: Budget, strategy: str, variant: Variant = Variant(),
-             scores: Sequence[float] | None = None, compressor=None) -> Compressed:
+             scores: Sequence[float] | None = None, compressor=None, cache: dict | None = None,
+             sentence_retriever: str = "bm25") -> Compressed:
     """Fit `example`'s documents into `budget` with a named strategy:
 
     - "truncate": whole documents in their given order until the budget; the last one cut at a sentence
       boundary when more than 100 tokens remain;
     - "drop_lowest": drop the least relevant documents (`scores`, aligned with the documents) until it fits;
-    - "extractive": the question's most relevant sentences (BM25 over the sentences) while they fit, kept in
-      their original order within their documents;
+    - "extractive": the question's most relevant sentences (`sentence_retriever`: BM25 or dense similarity
+      over the sentences) while they fit, kept in their original order within their documents;
     - "lm_prune": question-conditioned word pruning by a small LM's surprisal (LongLLMLingua's idea);
     - "abstractive": each document rewritten by a local LM to what bears on the question, then fitted.
-    `compressor` is the LM that prunes or rewrites (default: `lm` itself).
+    `compressor` is the LM that prunes or rewrites (default: `lm` itself); `cache`, a dict kept across calls,
+    shares their per-document work between prompts that hold the same documents.
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown compression strategy {strategy!r}: use one of {', '.join(STRATEGIES)}.")
@@ -261,11 +278,11 @@ def compress(lm, example: Example, budget: Budget, strategy: str, variant: Varia
             raise ConfigError(f"drop_lowest needs one relevance score per document ({len(example.documents)}).")
         out = _drop_lowest(lm, example, budget, variant, scores)
     elif strategy == "extractive":
-        out = _extractive(lm, example, budget, variant)
+        out = _extractive(lm, example, budget, variant, sentence_retriever)
     elif strategy == "lm_prune":
-        out = _lm_prune(lm, example, budget, variant, compressor)
+        out = _lm_prune(lm, example, budget, variant, compressor, cache)
     else:
-        out = _abstractive(lm, example, budget, variant, compressor)
+        out = _abstractive(lm, example, budget, variant, compressor, cache)
     seconds = time.perf_counter() - t0
     return Compressed(out, strategy, budget, _tokens(lm, out, variant), _tokens(lm, example, variant),
                       _kept(example, out), seconds)

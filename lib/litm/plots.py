@@ -313,3 +313,67 @@ def accuracy_vs_reuse(layout_summary, title: str | None = None):
         ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def accuracy_vs_kept_tokens(summary, title: str | None = None, chance: float | None = None):
+    """Accuracy (Wilson 95%) against the mean prompt tokens kept, one line per compression strategy across
+    its budgets, the uncompressed prompt as a star (from `compression_study.summarize`)."""
+    fig, ax = _new_axes(None, (6.5, 4.2))
+    for i, (s, g) in enumerate(summary.groupby("strategy", sort=False)):
+        g = g.sort_values("prompt_tokens")
+        err = [g["accuracy"] - g["ci_low"], g["ci_high"] - g["accuracy"]]
+        style = dict(marker="*", markersize=12, linestyle="none", color="black") if s == "none" else \
+            dict(marker="o", color=f"C{i}")
+        ax.errorbar(g["prompt_tokens"], g["accuracy"], yerr=err, capsize=3, label=s, alpha=0.9, **style)
+    if chance is not None:
+        ax.axhline(chance, color="grey", linestyle="-.", linewidth=0.8, label="chance")
+    ax.set_xlabel("Prompt tokens after compression (mean)")
+    ax.set_ylabel("Forced-choice accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def evidence_survival_bars(summary, title: str | None = None):
+    """For each strategy and budget: how often the gold's answer sentence survived, and the accuracy with
+    the evidence kept and with it lost (a lost-evidence error is a packing failure, not a position one)."""
+    s = summary[summary["strategy"] != "none"]
+    labels = [f"{r.strategy}\n@{int(r.budget)}" for r in s.itertuples()]
+    fig, ax = _new_axes(None, (0.75 * len(s) + 2.5, 4))
+    x = np.arange(len(s))
+    for j, (col, label) in enumerate((("evidence_survival", "evidence survived"),
+                                      ("accuracy_evidence_kept", "accuracy, evidence kept"),
+                                      ("accuracy_evidence_lost", "accuracy, evidence lost"))):
+        ax.bar(x + (j - 1) * 0.27, s[col].fillna(0), 0.27, color=f"C{j}", label=label)
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("Share")
+    ax.legend(fontsize=7, loc="upper right")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def position_curves_by_strategy(by_position, budget: int, title: str | None = None):
+    """Accuracy by the gold's position for the uncompressed prompt and each strategy at one budget
+    (from `compression_study.by_position`): does compression flatten the curve?"""
+    fig, ax = _new_axes(None, (6.5, 4.2))
+    d = by_position[(by_position["budget"] == budget) | (by_position["strategy"] == "none")]
+    for i, (s, g) in enumerate(d.groupby("strategy", sort=False)):
+        g = g.sort_values("position")
+        ax.plot(g["position"] + 1, g["accuracy"], marker="o", color="black" if s == "none" else f"C{i}",
+                linewidth=2.2 if s == "none" else 1.2, label=s)
+    ax.set_xticks(sorted(d["position"].unique() + 1))
+    ax.set_xlabel("Position of the gold document before compression (1 = first)")
+    ax.set_ylabel("Forced-choice accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title or f"Position curves at a budget of {budget} tokens")
+    fig.tight_layout()
+    return fig
