@@ -54,8 +54,8 @@ def plan_budget(lm, example: Example, variant: Variant = Variant(), reserve: int
     budget = Budget(lm.window, reserve, ceiling, fixed)
     if budget.context <= 0:
         raise ConfigError(f"a budget of {budget.total} tokens is smaller than the prompt's fixed parts ({fixed} "
-                          f"tokens: instruction, question, template) plus nothing; raise the ceiling or lower the "
-                          "reserve.")
+                          "tokens: instruction, question, template), leaving nothing for documents; raise the "
+                          "ceiling or lower the reserve.")
     return budget
 
 
