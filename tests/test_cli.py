@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from litm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,3 +44,36 @@ def test_fetch_offline_is_a_clear_error(tmp_path):
                        env={"PYTHONPATH": str(ROOT / "lib"), "PATH": ""})
     assert r.returncode == 2
     assert r.stderr.startswith("error:") and "Traceback" not in r.stderr
+
+
+def test_sharded_sweeps_merge_to_exactly_the_unsharded_records(tiny_model_dir, tmp_path, capsys):
+    import json
+
+    from litm.store import read_records
+
+    common = ["sweep", "--task", "qa", "--model", str(tiny_model_dir), "--docs", "4", "--positions", "0,3",
+              "--limit", "5", "--batch-size", "1"]  # batches of one: no padding partner changes a float
+    assert main(common + ["--results", str(tmp_path / "whole")]) == 0
+    for i in range(3):
+        assert main(common + ["--results", str(tmp_path / "split"), "--shard", f"{i}/3"]) == 0
+    shards = sorted((tmp_path / "split").iterdir())
+    assert [p.name for p in shards] == ["shard-0-of-3", "shard-1-of-3", "shard-2-of-3"]
+    assert main(["merge", *map(str, shards), "--out", str(tmp_path / "merged")]) == 0
+    assert main(["merge", *map(str, shards), "--out", str(tmp_path / "merged")]) == 0  # again: no duplicates
+
+    def records(root):
+        out = {}
+        for m in root.glob("*/manifest.json"):
+            recs = read_records(m.parent / "records.jsonl")[0]
+            assert len(recs) == sum(1 for _ in open(m.parent / "records.jsonl")), "each example written once"
+            out[m.parent.name] = {r["example_id"]: {k: v for k, v in r.items() if k != "latency_s"} for r in recs}
+            assert json.loads(m.read_text())["config"]["condition"]
+        return out
+
+    whole, merged = records(tmp_path / "whole"), records(tmp_path / "merged")
+    assert whole == merged and sum(len(v) for v in whole.values()) == 5 * 4  # 5 examples, 4 conditions
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(common + ["--shard", "3/3"])
+    assert "0 <= i < n" in capsys.readouterr().err
+    assert main(["merge", str(tmp_path / "nothing-here"), "--out", str(tmp_path / "m2")]) == 2

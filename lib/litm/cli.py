@@ -15,6 +15,16 @@ def _positions(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"positions must be comma-separated integers, got {text!r}") from None
 
 
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shard is i/n with 0 <= i < n, e.g. 0/4; got {text!r}") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"a shard is i/n with 0 <= i < n, e.g. 0/4; got {text!r}")
+    return i, n
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m litm", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -42,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-new-tokens", type=int, default=100)
     s.add_argument("--results", default="results", help="results folder")
     s.add_argument("--figure", default=None, help="also save the position curve as figures/NAME.png/.pdf")
+    s.add_argument("--shard", type=_shard, default=None,
+                   help="i/n: run the i-th of n independent jobs (0-based; results go to RESULTS/shard-i-of-n)")
     s.add_argument("--device", default=None)
     s.add_argument("--dtype", default=None)
 
@@ -58,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--different-configs", action="store_true",
                    help="allow A and B to differ in more than the model (they are listed)")
+
+    m = sub.add_parser("merge", help="merge the result folders of sharded jobs into one, each example once")
+    m.add_argument("sources", nargs="+", help="result folders (e.g. results/shard-*)")
+    m.add_argument("--out", default="results", help="the merged results folder")
     return ap
 
 
@@ -78,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {Path(args.out) / 'report.md'}, {Path(args.out) / 'report.tex'} and "
                   f"{len(out['figures'])} figure files")
             return 0
+        if args.command == "merge":
+            from .store import merge
+
+            counts = merge(args.sources, args.out)
+            print(f"merged {len(counts)} runs into {args.out}: " +
+                  ", ".join(f"{h} ({n} records)" for h, n in sorted(counts.items())))
+            return 0
         if args.command == "compare":
             from .report import compare
 
@@ -93,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                           scoring=args.scoring, query_aware=args.query_aware, template=args.template,
                           chat={"auto": None, "yes": True, "no": False}[args.chat], limit=args.limit,
                           seed=args.seed, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                          results_dir=args.results)
+                          results_dir=(str(Path(args.results) / f"shard-{args.shard[0]}-of-{args.shard[1]}")
+                                       if args.shard else args.results), shard=args.shard)
         lm = load_model(cfg.model, device=args.device, dtype=args.dtype)
         df = sweep(cfg, lm)
         print(summarize(df).to_string(index=False))

@@ -48,9 +48,15 @@ class SweepConfig:
     results_dir: str = "results"
     data_dir: str = "data/liu2023"  # where the paper's templates are
     progress: bool = True
+    shard: tuple[int, int] | None = None  # (i, n): run only examples i, i + n, i + 2n, ... (one job of n)
 
     def __post_init__(self):
         object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+        if self.shard is not None:
+            i, n = (int(x) for x in self.shard)
+            if not 0 <= i < n:
+                raise ConfigError(f"shard {i}/{n} is not one of 0/{n} .. {n - 1}/{n}.")
+            object.__setattr__(self, "shard", (i, n))
         if self.task not in TASKS:
             raise ConfigError(f"unknown task {self.task!r}: use one of {TASKS}.")
         if self.scoring not in SCORINGS:
@@ -80,7 +86,8 @@ class SweepConfig:
 
 
 # Fields that do not change a record: left out of the run hash.
-_NOT_HASHED = {"limit", "batch_size", "results_dir", "data_dir", "progress", "positions", "closedbook", "oracle"}
+_NOT_HASHED = {"limit", "batch_size", "results_dir", "data_dir", "progress", "positions", "closedbook", "oracle",
+               "shard"}
 
 
 def run_config(config: SweepConfig, condition: str, position: int | None) -> dict:
@@ -187,6 +194,11 @@ def sweep(config: SweepConfig, model: LoadedModel | None = None):
     if model is not None and model.name != config.model:  # results are named after the model really used
         config = replace(config, model=model.name)
     examples = load_examples(config)
+    if config.shard is not None:  # one job of a split run; `litm merge` joins the jobs' result folders
+        i, n = config.shard
+        examples = examples[i::n]
+        if not examples:
+            raise ConfigError(f"shard {i}/{n} holds no examples (limit {config.limit}); use fewer shards.")
     if config.scoring == "choice":
         for e in examples:
             candidates(e)

@@ -108,3 +108,29 @@ class ResultStore:
         if example_ids is None:
             return list(self._records.values())
         return [self._records[i] for i in example_ids if i in self._records]
+
+
+def merge(sources, dest: str | Path) -> dict[str, int]:
+    """Merge run folders (each with manifest.json and records.jsonl, found under `sources`) into `dest`:
+    one folder per config hash, one record per example.  Runs of one hash must hold the same config.
+    Returns how many records each hash has in `dest` afterwards."""
+    runs: dict[str, list[Path]] = {}
+    for src in sources:
+        for manifest in sorted(Path(src).rglob("manifest.json")):
+            runs.setdefault(manifest.parent.name, []).append(manifest.parent)
+    if not runs:
+        raise DataError(f"no run folders (manifest.json) under {list(map(str, sources))}.")
+    out = {}
+    for config_hash, folders in runs.items():
+        manifests = [json.loads((f / "manifest.json").read_text(encoding="utf-8")) for f in folders]
+        if any(m["config"] != manifests[0]["config"] for m in manifests):
+            raise DataError(f"run folders {[str(f) for f in folders]} share the hash {config_hash} but not the config; "
+                            "merge runs of one experiment only.")
+        store = ResultStore(dest, config_hash, manifests[0]["config"], manifests[0].get("model"))
+        for f in folders:
+            if f.resolve() == store.dir.resolve():
+                continue
+            for rec in read_records(f / "records.jsonl")[0]:
+                store.append(rec)  # an example already there is kept once
+        out[config_hash] = len(store)
+    return out
