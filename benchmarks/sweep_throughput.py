@@ -1,0 +1,69 @@
+"""Examples per second on the same prompts and model: the paper-style loop (one example at a time, greedy
+generation of up to 100 tokens) against our batched generation that stops at a newline, our
+log-likelihood scoring and our forced choice (the prompt prefilled once, every candidate scored from its
+cache).  Side by side in one run; prints the ratios to the paper-style loop.
+
+    .venv/bin/python benchmarks/sweep_throughput.py --examples 8 --docs 10 --batch-size 4
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--examples", type=int, default=8)
+    ap.add_argument("--docs", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=100)
+    args = ap.parse_args()
+
+    import torch
+
+    import litm
+    from litm import runner
+    from litm.experiment import candidates, load_examples, prompt_for
+
+    lm = litm.load_model(args.model)
+    cfg = litm.SweepConfig(task="qa", model=args.model, num_docs=args.docs, positions=(args.docs // 2,),
+                           limit=args.examples)
+    examples = load_examples(cfg)
+    prompts = [prompt_for(e, "documents", args.docs // 2, cfg, lm.tokenizer) for e in examples]
+    cands = [candidates(e) for e in examples]
+    tok = lm.tokenizer
+
+    def paper_loop():
+        for p in prompts:  # one at a time, no stop string: up to max_new_tokens new tokens
+            ids = torch.tensor([list(p.input_ids)], device=lm.device)
+            with torch.inference_mode():
+                lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=args.max_new_tokens, temperature=None, top_p=None, top_k=None,
+                                  pad_token_id=tok.pad_token_id)
+
+    methods = {
+        "paper-style loop": paper_loop,
+        "batched generate, newline stop": lambda: runner.generate(lm, prompts, args.max_new_tokens, args.batch_size),
+        "log-likelihood": lambda: runner.loglik(lm, prompts, [e.answers[0] for e in examples], args.batch_size),
+        "forced choice": lambda: runner.choice(lm, prompts, [c[0] for c in cands], [c[1] for c in cands],
+                                               args.batch_size),
+    }
+    runner.loglik(lm, prompts[:1], [examples[0].answers[0]], 1)  # warm-up
+    rates = {}
+    for name, fn in methods.items():
+        t0 = time.perf_counter()
+        fn()
+        rates[name] = len(prompts) / (time.perf_counter() - t0)
+    mean_tokens = sum(len(p.input_ids) for p in prompts) / len(prompts)
+    print(f"model {lm.name}, {len(prompts)} QA prompts of {args.docs} documents (mean {mean_tokens:.0f} tokens), "
+          f"batch size {args.batch_size}, up to {args.max_new_tokens} new tokens")
+    print(f"{'method':>32} {'examples/s':>11} {'x paper loop':>13}")
+    base = rates["paper-style loop"]
+    for name, r in rates.items():
+        print(f"{name:>32} {r:11.3f} {r / base:13.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
