@@ -192,3 +192,25 @@ def test_attention_retriever_and_cited_generations_on_the_tiny_model(tiny_lm, tm
         assert r["cited_gold"] == (r["gold_index"] is not None and r["gold_index"] == r["gold_index"]
                                    and int(r["gold_index"]) + 1 in r["citations"])
         assert r["supported"] == (r["correct"] and r["cited_gold"])
+
+
+def test_shared_prefix_choice_scores_as_the_plain_pass_and_prefills_each_prefix_once(tiny_lm):
+    from litm import runner
+    from litm.experiment import SweepConfig, load_examples, prompt_for
+
+    cfg = SweepConfig(task="qa", num_docs=6, positions=(0, 2, 5), limit=2, sentences_per_doc=2)
+    prompts, cands, gold = [], [], []
+    for e in load_examples(cfg):
+        for p in cfg.positions:
+            prompts.append(prompt_for(e, "documents", p, cfg, tiny_lm.tokenizer))
+            c = candidates(e)
+            cands.append(c[0])
+            gold.append(c[1])
+    plain = runner.choice(tiny_lm, prompts, cands, gold, batch_size=2)
+    shared, stats = prefix.shared_choice(tiny_lm, prompts, cands, gold)
+    for a, b in zip(plain, shared):
+        np.testing.assert_allclose(a.candidate_logliks, b.candidate_logliks, atol=1e-4)
+        assert a.gold_rank == b.gold_rank
+    seqs = [tuple(p.input_ids) for p in prompts]
+    distinct_prefixes = len({s[:k] for s in seqs for k in range(1, len(s) + 1)})  # the trie's nodes
+    assert stats.prefill_tokens == distinct_prefixes < stats.total_tokens == sum(map(len, seqs))

@@ -170,3 +170,97 @@ def layout_study(lm: LoadedModel, questions: Sequence[Example], relevance: Seque
                         "cold_s": t.cold_s, "warm_s": t.warm_s, "speedup": t.speedup,
                         "max_logit_diff": t.max_logit_diff})
     return pd.DataFrame(summary), pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class TreeStats:
+    prompts: int
+    total_tokens: int  # what prefilling every prompt on its own costs
+    prefill_tokens: int  # what the prefix tree prefills: each shared prefix once
+
+    @property
+    def saving(self) -> float:
+        return self.total_tokens / self.prefill_tokens if self.prefill_tokens else float("nan")
+
+
+def _tree(seqs: list[tuple[int, ...]], idx: list[int], depth: int):
+    """Children of a trie node at `depth`: (segment end, prompt indices ending here, grandchildren)."""
+    groups: dict[int, list[int]] = {}
+    for i in idx:
+        if len(seqs[i]) > depth:
+            groups.setdefault(seqs[i][depth], []).append(i)
+    out = []
+    for members in groups.values():
+        end = depth + 1
+        while True:  # extend the segment while every member continues with the same token
+            if any(len(seqs[i]) <= end for i in members) or len({seqs[i][end] for i in members}) > 1:
+                break
+            end += 1
+        out.append((end, [i for i in members if len(seqs[i]) == end], _tree(seqs, members, end)))
+    return out
+
+
+def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, TreeStats]:
+    """Forced choice over `prompts` with a prefix tree: every shared prefix (the instruction, the documents
+    before the gold in a position sweep) is prefilled once and branched by copying its KV cache; each
+    prompt's candidates are then scored from its own cache.  Same scores as `runner.choice`."""
+    import torch
+
+    from .runner import Scored, _cache_kwarg, _cont_ids
+
+    seqs = [tuple(p.input_ids) for p in prompts]
+    kw = _cache_kwarg(lm.model)
+    out: list = [None] * len(prompts)
+    prefilled = 0
+
+    def forward(ids, cache, start):
+        pos = torch.arange(start, start + len(ids), device=lm.device)[None]
+        extra = {kw: cache} if cache is not None else {}
+        res = lm.model(input_ids=torch.tensor([list(ids)], device=lm.device), position_ids=pos, use_cache=True,
+                       logits_to_keep=1, **extra)
+        return res["cache"] if "cache" in res else res["past_key_values"], res.logits[0, -1].float()
+
+    def score(i, cache, last):
+        cands = [_cont_ids(lm, prompts[i], a) for a in candidates[i]]
+        n, width, start = len(cands), max(len(c) for c in cands), len(seqs[i])
+        first = torch.log_softmax(last, -1)
+        s = torch.stack([first[c[0]] for c in cands])
+        if width > 1:
+            cache = copy.deepcopy(cache)
+            cache.batch_select_indices(torch.zeros(n, dtype=torch.long, device=lm.device))
+            ids = torch.full((n, width), lm.tokenizer.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((n, width), dtype=torch.long)
+            for j, c in enumerate(cands):
+                ids[j, :len(c)], mask[j, :len(c)] = torch.tensor(c), 1
+            full = torch.cat([torch.ones((n, start), dtype=torch.long), mask], 1).to(lm.device)
+            ids, mask = ids.to(lm.device), mask.to(lm.device)
+            pos = (start + torch.arange(width, device=lm.device)).expand(n, -1)
+            logits = lm.model(input_ids=ids[:, :-1], attention_mask=full[:, :-1], position_ids=pos[:, :-1],
+                              use_cache=True, **{kw: cache}).logits
+            lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+            s = s + (lp * mask[:, 1:]).sum(-1)
+        s = s.tolist()
+        g = gold[i]
+        rank = 1 + sum(1 for j, v in enumerate(s) if j != g and v >= s[g])
+        out[i] = Scored(gold_loglik=s[g], gold_rank=rank, candidate_logliks=tuple(s))
+
+    def walk(children, cache, depth):
+        nonlocal prefilled
+        for k, (end, ending, grand) in enumerate(children):
+            last_child = k == len(children) - 1
+            base = cache if last_child or cache is None else copy.deepcopy(cache)
+            seg = seqs[ending[0] if ending else _first(grand)][depth:end]
+            prefilled += len(seg)
+            new_cache, last = forward(seg, base, depth)
+            for i in ending:
+                score(i, new_cache, last)
+            if grand:
+                walk(grand, new_cache, end)
+
+    def _first(children):
+        end, ending, grand = children[0]
+        return ending[0] if ending else _first(grand)
+
+    with torch.inference_mode():
+        walk(_tree(seqs, list(range(len(seqs))), 0), None, 0)
+    return out, TreeStats(len(seqs), sum(len(s) for s in seqs), prefilled)
