@@ -206,7 +206,7 @@ def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, Tre
     prompt's candidates are then scored from its own cache.  Same scores as `runner.choice`."""
     import torch
 
-    from .runner import Scored, _cache_kwarg, _cont_ids
+    from .runner import _cache_kwarg, _cont_ids, candidate_scores, choice_result
 
     seqs = [tuple(p.input_ids) for p in prompts]
     kw = _cache_kwarg(lm.model)
@@ -222,27 +222,8 @@ def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, Tre
 
     def score(i, cache, last):
         cands = [_cont_ids(lm, prompts[i], a) for a in candidates[i]]
-        n, width, start = len(cands), max(len(c) for c in cands), len(seqs[i])
-        first = torch.log_softmax(last, -1)
-        s = torch.stack([first[c[0]] for c in cands])
-        if width > 1:
-            cache = copy.deepcopy(cache)
-            cache.batch_select_indices(torch.zeros(n, dtype=torch.long, device=lm.device))
-            ids = torch.full((n, width), lm.tokenizer.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((n, width), dtype=torch.long)
-            for j, c in enumerate(cands):
-                ids[j, :len(c)], mask[j, :len(c)] = torch.tensor(c), 1
-            full = torch.cat([torch.ones((n, start), dtype=torch.long), mask], 1).to(lm.device)
-            ids, mask = ids.to(lm.device), mask.to(lm.device)
-            pos = (start + torch.arange(width, device=lm.device)).expand(n, -1)
-            logits = lm.model(input_ids=ids[:, :-1], attention_mask=full[:, :-1], position_ids=pos[:, :-1],
-                              use_cache=True, **{kw: cache}).logits
-            lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
-            s = s + (lp * mask[:, 1:]).sum(-1)
-        s = s.tolist()
-        g = gold[i]
-        rank = 1 + sum(1 for j, v in enumerate(s) if j != g and v >= s[g])
-        out[i] = Scored(gold_loglik=s[g], gold_rank=rank, candidate_logliks=tuple(s))
+        out[i] = choice_result(candidate_scores(lm, cache, 0, torch.ones((1, len(seqs[i])), dtype=torch.long),
+                                                torch.log_softmax(last, -1), cands), gold[i])
 
     def walk(children, cache, depth):
         nonlocal prefilled

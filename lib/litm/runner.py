@@ -96,36 +96,48 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
         with torch.inference_mode():
             pre = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         first_logp = torch.log_softmax(pre.logits[:, -1].float(), dim=-1)
-        scored = []
-        for row, i in enumerate(batch):
-            cands = [_cont_ids(lm, prompts[i], a) for a in candidates[i]]
-            n_c, width = len(cands), max(len(c) for c in cands)
-            cache = copy.deepcopy(pre["cache"] if "cache" in pre else pre["past_key_values"])
-            cache.batch_select_indices(torch.tensor([row] * n_c, device=lm.device))
-            cand_ids = torch.full((n_c, width), lm.tokenizer.pad_token_id, dtype=torch.long)
-            cand_mask = torch.zeros((n_c, width), dtype=torch.long)
-            for j, c in enumerate(cands):
-                cand_ids[j, :len(c)] = torch.tensor(c)
-                cand_mask[j, :len(c)] = 1
-            cand_ids, cand_mask = cand_ids.to(lm.device), cand_mask.to(lm.device)
-            full_mask = torch.cat([mask[row:row + 1].expand(n_c, -1), cand_mask], dim=1)
-            start = int(mask[row].sum())
-            cpos = (start + torch.arange(width, device=lm.device)).expand(n_c, -1)
-            scores = first_logp[row, cand_ids[:, 0]]
-            if width > 1:
-                with torch.inference_mode():
-                    logits = lm.model(input_ids=cand_ids[:, :-1], attention_mask=full_mask[:, :-1],
-                                      position_ids=cpos[:, :-1], use_cache=True,
-                                      **{_cache_kwarg(lm.model): cache}).logits
-                lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, cand_ids[:, 1:, None])[..., 0]
-                scores = scores + (lp * cand_mask[:, 1:]).sum(-1)
-            scored.append(scores.tolist())
+        scored = [candidate_scores(lm, pre["cache"] if "cache" in pre else pre["past_key_values"], row,
+                                   mask[row:row + 1], first_logp[row],
+                                   [_cont_ids(lm, prompts[i], a) for a in candidates[i]])
+                  for row, i in enumerate(batch)]
         dt = (time.perf_counter() - t0) / len(batch)
         for i, s in zip(batch, scored):
-            g = gold[i]
-            rank = 1 + sum(1 for j, v in enumerate(s) if j != g and v >= s[g])
-            out[i] = Scored(gold_loglik=s[g], gold_rank=rank, candidate_logliks=tuple(s), latency_s=dt)
+            out[i] = choice_result(s, gold[i], dt)
     return out  # type: ignore[return-value]
+
+
+def choice_result(scores: Sequence[float], gold: int, latency_s: float = 0.0) -> Scored:
+    """A forced choice's outcome: the gold's rank among the candidates (ties count against the gold)."""
+    rank = 1 + sum(1 for j, v in enumerate(scores) if j != gold and v >= scores[gold])
+    return Scored(gold_loglik=scores[gold], gold_rank=rank, candidate_logliks=tuple(scores), latency_s=latency_s)
+
+
+def candidate_scores(lm: LoadedModel, cache, row: int, prefix_mask, first_logp, cands: list[list[int]]) -> list[float]:
+    """Log-likelihood of each candidate's tokens after a prefilled prompt: `row` of the batch in `cache`,
+    whose padding mask is `prefix_mask` [1, length] and whose next-token log-probabilities are `first_logp`.
+    The cache is copied, never changed, so it can serve other rows or branches."""
+    import torch
+
+    n, width = len(cands), max(len(c) for c in cands)
+    ids = torch.full((n, width), lm.tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for j, c in enumerate(cands):
+        ids[j, :len(c)] = torch.tensor(c)
+        mask[j, :len(c)] = 1
+    ids, mask = ids.to(lm.device), mask.to(lm.device)
+    scores = first_logp[ids[:, 0]]
+    if width > 1:
+        cache = copy.deepcopy(cache)
+        cache.batch_select_indices(torch.tensor([row] * n, device=lm.device))
+        full_mask = torch.cat([prefix_mask.to(lm.device).expand(n, -1), mask], dim=1)
+        start = int(prefix_mask.sum())
+        pos = (start + torch.arange(width, device=lm.device)).expand(n, -1)
+        with torch.inference_mode():
+            logits = lm.model(input_ids=ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=pos[:, :-1],
+                              use_cache=True, **{_cache_kwarg(lm.model): cache}).logits
+        lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+        scores = scores + (lp * mask[:, 1:]).sum(-1)
+    return scores.tolist()
 
 
 def generate(lm: LoadedModel, prompts: Sequence[Prompt], max_new_tokens: int = 100,
