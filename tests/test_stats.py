@@ -605,3 +605,11 @@ def test_questions_needed_grows_like_the_normal_approximation():
 def test_questions_needed_rejects_no_effect(penalty, sd):
     with pytest.raises(StatsError):
         questions_needed(penalty, sd)
+
+
+def test_proportion_interval_is_the_share_with_its_wilson_interval():
+    from litm.stats import proportion_interval, wilson_interval
+
+    assert proportion_interval([True, False, True, True]) == (0.75, *wilson_interval(3, 4))
+    p, lo, hi = proportion_interval([])
+    assert p != p and lo != lo and hi != hi  # nan for no values

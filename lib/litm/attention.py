@@ -417,15 +417,15 @@ def attention_and_accuracy(joined):
     when the answer was right and when it was wrong, with their difference."""
     import pandas as pd
 
-    from .stats import mean_interval, wilson_interval
+    from .stats import mean_interval, proportion_interval
 
     rows = []
     for pos, g in joined.groupby("position"):
         ok = g["correct"].astype(bool)
-        lo, hi = wilson_interval(int(ok.sum()), len(g))
+        acc, lo, hi = proportion_interval(ok)
         m, alo, ahi = mean_interval(g["gold_attention"].to_numpy())
         right, wrong = g.loc[ok, "gold_attention"], g.loc[~ok, "gold_attention"]
-        rows.append({"position": int(pos), "n": len(g), "accuracy": ok.mean(), "ci_low": lo, "ci_high": hi,
+        rows.append({"position": int(pos), "n": len(g), "accuracy": acc, "ci_low": lo, "ci_high": hi,
                      "attention": m, "attention_ci_low": alo, "attention_ci_high": ahi,
                      "attention_if_right": right.mean() if len(right) else float("nan"),
                      "attention_if_wrong": wrong.mean() if len(wrong) else float("nan")})

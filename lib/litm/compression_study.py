@@ -122,14 +122,13 @@ def summarize(df):
     compression per example."""
     import pandas as pd
 
-    from .stats import wilson_interval
+    from .stats import proportion_interval
 
     rows = []
-    for (s, b), g in df.groupby(["strategy", df["budget"].fillna(-1)], sort=False):
-        k = int(g["correct"].sum())
-        lo, hi = wilson_interval(k, len(g))
+    for (s, b), g in df.groupby(["strategy", "budget"], sort=False, dropna=False):
+        acc, lo, hi = proportion_interval(g["correct"])
         kept, lost = g[g["sentence_kept"]], g[~g["sentence_kept"]]
-        rows.append({"strategy": s, "budget": None if b == -1 else int(b), "n": len(g), "accuracy": k / len(g),
+        rows.append({"strategy": s, "budget": None if pd.isna(b) else int(b), "n": len(g), "accuracy": acc,
                      "ci_low": lo, "ci_high": hi, "prompt_tokens": float(g["prompt_tokens"].mean()),
                      "answer_survival": float(g["answer_kept"].mean()),
                      "evidence_survival": float(g["sentence_kept"].mean()),
@@ -145,12 +144,11 @@ def by_position(df):
     position curve?"""
     import pandas as pd
 
-    from .stats import wilson_interval
+    from .stats import proportion_interval
 
     rows = []
-    for (s, b, p), g in df.groupby(["strategy", df["budget"].fillna(-1), "position"], sort=False):
-        k = int(g["correct"].sum())
-        lo, hi = wilson_interval(k, len(g))
-        rows.append({"strategy": s, "budget": None if b == -1 else int(b), "position": int(p), "n": len(g),
-                     "accuracy": k / len(g), "ci_low": lo, "ci_high": hi})
+    for (s, b, p), g in df.groupby(["strategy", "budget", "position"], sort=False, dropna=False):
+        acc, lo, hi = proportion_interval(g["correct"])
+        rows.append({"strategy": s, "budget": None if pd.isna(b) else int(b), "position": int(p), "n": len(g),
+                     "accuracy": acc, "ci_low": lo, "ci_high": hi})
     return pd.DataFrame(rows)

@@ -30,6 +30,13 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     return (0.0 if k == 0 else max(0.0, centre - half)), (1.0 if k == n else min(1.0, centre + half))
 
 
+def proportion_interval(values) -> tuple[float, float, float]:
+    """The share of true values (e.g. correct answers) with its Wilson 95% interval; nan when empty."""
+    x = np.asarray(values, dtype=bool)
+    lo, hi = wilson_interval(int(x.sum()), x.size)
+    return (float(x.mean()) if x.size else float("nan")), lo, hi
+
+
 def mean_interval(values, level: float = 0.95) -> tuple[float, float, float]:
     """Mean with a Student-t interval; the interval is nan for fewer than two values."""
     from scipy import stats as st

@@ -259,7 +259,7 @@ def summarize(df, baseline: str | None = None, n_boot: int = 10_000, seed: int =
     interval over questions and McNemar's exact p-value."""
     import pandas as pd
 
-    from .stats import difference, mcnemar_exact, paired_table, wilson_interval
+    from .stats import difference, mcnemar_exact, paired_table, proportion_interval
 
     conds = list(dict.fromkeys(df["condition"]))
     baseline = baseline or conds[0]
@@ -269,10 +269,9 @@ def summarize(df, baseline: str | None = None, n_boot: int = 10_000, seed: int =
     rows = []
     for c in conds:
         g = df[(df["condition"] == c) & (df["status"] == "ok")]
-        k = int(g["correct"].astype(bool).sum())
-        lo, hi = wilson_interval(k, len(g))
+        acc, lo, hi = proportion_interval(g["correct"])
         row = {"condition": c, "arrangement": g["arrangement"].iloc[0], "variant": g["variant"].iloc[0],
-               "n": len(g), "accuracy": k / len(g), "ci_low": lo, "ci_high": hi,
+               "n": len(g), "accuracy": acc, "ci_low": lo, "ci_high": hi,
                "gold_retrieved": float(g["gold_retrieved"].mean()),
                "mean_gold_position": float(g["gold_index"].dropna().mean() + 1) if g["gold_index"].notna().any()
                else float("nan")}
