@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--figure", default=None, help="also save the position curve as figures/NAME.png/.pdf")
     s.add_argument("--shard", type=_shard, default=None,
                    help="i/n: run the i-th of n independent jobs (0-based; results go to RESULTS/shard-i-of-n)")
+    s.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
+                   help="vllm: generation through vLLM (pip install vllm; needs --scoring generate)")
+    s.add_argument("--tensor-parallel", type=int, default=1, help="vllm: GPUs to split the model across")
     s.add_argument("--device", default=None)
     s.add_argument("--dtype", default=None)
 
@@ -108,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                              different_configs=args.different_configs)
             print(result.text)
             return 1 if result.verdict == "regression" else 0
-        from .experiment import SweepConfig, summarize, sweep
-        from .models import load_model
+        from .experiment import SweepConfig, load_backend, summarize, sweep
 
         cfg = SweepConfig(task=args.task, data=args.data, model=args.model, num_docs=args.docs,
                           positions=args.positions, closedbook=args.closedbook, oracle=args.oracle,
@@ -117,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                           chat={"auto": None, "yes": True, "no": False}[args.chat], limit=args.limit,
                           seed=args.seed, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                           results_dir=(str(Path(args.results) / f"shard-{args.shard[0]}-of-{args.shard[1]}")
-                                       if args.shard else args.results), shard=args.shard)
-        lm = load_model(cfg.model, device=args.device, dtype=args.dtype)
+                                       if args.shard else args.results), shard=args.shard,
+                          backend=args.backend, tensor_parallel=args.tensor_parallel)
+        lm = load_backend(cfg, device=args.device, dtype=args.dtype)
         df = sweep(cfg, lm)
         print(summarize(df).to_string(index=False))
         if args.figure:

@@ -16,12 +16,14 @@ from .ordering import gold_at, with_num_documents
 from .prompts import Prompt, Variant, render
 from .store import ResultStore
 from .types import Example
+from .vllm_backend import VLLMModel
 
 TASKS = ("qa", "kv")
 _LEAD_COLUMNS = ("model", "task", "num_docs", "condition", "position", "example_id", "status", "correct", "gold_rank",
                  "gold_loglik", "prediction", "prompt_tokens", "gold_index", "gold_token_start", "gold_token_end",
                  "gold_rel_depth")
 SCORINGS = ("generate", "loglik", "choice")
+BACKENDS = ("transformers", "vllm")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class SweepConfig:
     data_dir: str = "data/liu2023"  # where the paper's templates are
     progress: bool = True
     shard: tuple[int, int] | None = None  # (i, n): run only examples i, i + n, i + 2n, ... (one job of n)
+    backend: str = "transformers"  # transformers | vllm (generation only; `pip install vllm`)
+    tensor_parallel: int = 1  # vllm: GPUs to split the model across
 
     def __post_init__(self):
         object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
@@ -75,6 +79,13 @@ class SweepConfig:
             raise ConfigError("nothing to run: give positions or turn on closedbook/oracle.")
         if self.batch_size < 1 or self.max_new_tokens < 1:
             raise ConfigError("batch_size and max_new_tokens must be at least 1.")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}: use one of {BACKENDS}.")
+        if self.backend == "vllm" and self.scoring != "generate":
+            raise ConfigError(f"the vllm backend generates; scoring {self.scoring!r} runs on the transformers "
+                              "backend (or use scoring='generate').")
+        if self.tensor_parallel < 1:
+            raise ConfigError(f"tensor_parallel must be at least 1, got {self.tensor_parallel}.")
 
     def conditions(self) -> list[tuple[str, int | None]]:
         out: list[tuple[str, int | None]] = [("documents", p) for p in self.positions]
@@ -87,7 +98,7 @@ class SweepConfig:
 
 # Fields that do not change a record: left out of the run hash.
 _NOT_HASHED = {"limit", "batch_size", "results_dir", "data_dir", "progress", "positions", "closedbook", "oracle",
-               "shard"}
+               "shard", "tensor_parallel"}
 
 
 def run_config(config: SweepConfig, condition: str, position: int | None) -> dict:
@@ -95,6 +106,8 @@ def run_config(config: SweepConfig, condition: str, position: int | None) -> dic
     d = {k: v for k, v in asdict(config).items() if k not in _NOT_HASHED}
     if config.scoring != "generate":
         d.pop("max_new_tokens")
+    if config.backend == "transformers":  # the default leaves the hashes of earlier runs as they were
+        d.pop("backend")
     if not (config.task == "qa" and config.data == "generated"):
         d.pop("sentences_per_doc")
     if config.generate_docs is None or config.data != "generated":
@@ -164,6 +177,10 @@ def _record(example: Example, prompt: Prompt, condition: str, position: int | No
 
 def score_prompts(lm: LoadedModel, examples: list[Example], prompts: list[Prompt], config: SweepConfig):
     """Run the runner pass `config.scoring` names (`config` needs scoring, batch_size, max_new_tokens)."""
+    if isinstance(lm, VLLMModel):
+        if config.scoring != "generate":
+            raise ConfigError("a vLLM model only generates; use scoring='generate'.")
+        return lm.generate(prompts, config.max_new_tokens)
     if config.scoring == "loglik":
         return runner.loglik(lm, prompts, [e.answers[0] for e in examples], config.batch_size)
     if config.scoring == "choice":
@@ -181,6 +198,15 @@ def needed_tokens(lm: LoadedModel, example: Example, prompt: Prompt, config: Swe
                                            ["input_ids"]) for a in answers)
 
 
+def load_backend(config: SweepConfig, device: str | None = None, dtype: str | None = None):
+    """The model a sweep scores with: transformers (`load_model`) or a vLLM engine (`config.backend`)."""
+    if config.backend == "vllm":
+        from .vllm_backend import load_vllm
+
+        return load_vllm(config.model, config.tensor_parallel, dtype=dtype)
+    return load_model(config.model, device=device, dtype=dtype)
+
+
 def sweep(config: SweepConfig, model: LoadedModel | None = None):
     """Run (or resume) every condition of a sweep; returns one row per example and condition.
 
@@ -193,6 +219,8 @@ def sweep(config: SweepConfig, model: LoadedModel | None = None):
 
     if model is not None and model.name != config.model:  # results are named after the model really used
         config = replace(config, model=model.name)
+    if isinstance(model, VLLMModel) and config.backend != "vllm":
+        config = replace(config, backend="vllm")
     examples = load_examples(config)
     if config.shard is not None:  # one job of a split run; `litm merge` joins the jobs' result folders
         i, n = config.shard
@@ -202,7 +230,7 @@ def sweep(config: SweepConfig, model: LoadedModel | None = None):
     if config.scoring == "choice":
         for e in examples:
             candidates(e)
-    lm = model or load_model(config.model)
+    lm = model or load_backend(config)
     conds = config.conditions()
     for cond, pos in conds:  # a template or condition that cannot render fails before anything is written
         prompt_for(examples[0], cond, pos, config, lm.tokenizer)
