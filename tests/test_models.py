@@ -44,11 +44,22 @@ def test_local_directory_loads_with_left_padding(tiny_model_dir):
     assert lm.identity["dtype"] == "float32" and lm.identity["device"] == "cpu"
 
 
-def test_device_and_dtype_choice():
+def test_device_and_dtype_choice(monkeypatch):
     import torch
 
     assert models.choose_device_dtype("cpu", None) == ("cpu", torch.float32)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert models.choose_device_dtype("cuda", None) == ("cuda", torch.bfloat16)
+    assert models.choose_device_dtype(None, None) == ("cuda", torch.bfloat16)
+    monkeypatch.undo()
     assert models.choose_device_dtype("cpu", "bfloat16") == ("cpu", torch.bfloat16)
     with pytest.raises(ModelError, match="dtype"):
         models.choose_device_dtype("cpu", "float7")
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(monkeypatch, tiny_model_dir):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ModelError, match="no CUDA GPU"):
+        load_model(str(tiny_model_dir), device="cuda", reuse=False)

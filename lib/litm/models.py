@@ -176,6 +176,9 @@ def choose_device_dtype(device: str | None, dtype: str | None):
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"device {device!r} asked for, but torch sees no CUDA GPU (a CPU-only torch build, or no "
+                         "driver); leave the device unset to run on the CPU.")
     if dtype is None:
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     if not hasattr(torch, str(dtype)):

@@ -1,0 +1,58 @@
+"""benchmarks/gpu_check.py runs on a CPU-only machine (its fallback) and its arithmetic is right."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_flops_of_a_prefill_counted_by_hand(gpu_check):
+    lm = gpu_check.build("tiny", "cpu", __import__("torch").float32)
+    # per layer: q 64x64, k and v 64x32 (2 of 4 heads' width), o 64x64, gate/up/down 3 x 64x128, two norms
+    per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
+    non_embedding = 2 * per_layer + 64  # + the final norm
+    params = sum(p.numel() for p in lm.model.parameters())
+    assert params - 2 * 512 * 64 == non_embedding  # untied input and output embeddings of 512 x 64
+    # 2 FLOPs per parameter per token, plus QK^T and AV over the causal half: 2 x T^2 x (4 heads x 16) per layer
+    assert gpu_check.flops_per_prefill(lm.model.config, non_embedding, 100) == 2 * non_embedding * 100 + 2 * 2 * 100 ** 2 * 64
+
+
+def test_peak_lookup(gpu_check):
+    assert gpu_check.peak_tflops("NVIDIA H200") == 989.0
+    assert gpu_check.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert gpu_check.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert gpu_check.peak_tflops("NVIDIA L40S") == 362.0 and gpu_check.peak_tflops("NVIDIA L4") == 121.0
+    assert gpu_check.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert gpu_check.peak_tflops("Some Future Card") is None
+
+
+def test_cpu_fallback_prints_all_three_tables(gpu_check, tmp_path, capsys):
+    out = tmp_path / "gc.json"
+    assert gpu_check.main(["--device", "cpu", "--shape", "tiny", "--lengths", "96,160", "--score-length", "48",
+                           "--batches", "1,3", "--repeats", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for heading in ("1. prefill", "2. batched log-likelihood scoring", "3. attention profile"):
+        assert heading in text
+    res = json.loads(out.read_text())
+    assert [r["tokens"] for r in res["prefill"]] == [96, 160]
+    assert all(r["tokens_per_s"] > 0 and r["fraction_of_peak"] is None for r in res["prefill"])  # no CPU peak
+    assert [r["batch"] for r in res["scoring"]] == [1, 3] and res["scoring"][0]["ratio"] == 1.0
+    assert [r["tokens"] for r in res["profile"]] == [96, 160] and all(r["time_ratio"] > 0 for r in res["profile"])
+
+
+def test_cuda_asked_for_without_one_is_a_clear_error(gpu_check, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_check.main(["--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
