@@ -55,6 +55,44 @@ def test_choice_scores_equal_logliks_and_rank(tiny_lm, qa_prompts):
         assert math.isclose(g.gold_loglik, refs[gi], abs_tol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_choice_with_sliding_window_caches_equals_logliks(arch, tmp_path):
+    """Sliding-window layers take the copy-per-candidate path; the plain Llama cache above the tree mask."""
+    from conftest import build_tiny_model
+    from litm.models import load_model
+
+    lm = load_model(str(build_tiny_model(tmp_path / arch, arch=arch)), device="cpu", reuse=False)
+    exs = generate_fictional_qa(3, 5, seed=5, sentences_per_doc=2)
+    prompts = [render(gold_at(e, i), lm.tokenizer, Variant()) for i, e in enumerate(exs)]
+    assert min(len(p.input_ids) for p in prompts) > 24  # past the sliding window
+    cands = [[d.answer for d in e.documents] for e in exs]
+    got = runner.choice(lm, prompts, cands, [e.gold_index for e in exs], batch_size=2)
+    assert not runner._plain_layers(_prefilled_cache(lm, prompts[0]))
+    for g, p, c in zip(got, prompts, cands):
+        refs = [_reference_loglik(lm, p, a) for a in c]
+        assert max(abs(x - y) for x, y in zip(g.candidate_logliks, refs)) < 1e-4
+
+
+def _prefilled_cache(lm, prompt):
+    with torch.no_grad():
+        out = lm.model(input_ids=torch.tensor([prompt.input_ids]), use_cache=True)
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
+def test_candidate_scoring_leaves_the_cache_as_it_was(tiny_lm, qa_prompts):
+    exs, prompts = qa_prompts
+    cache = _prefilled_cache(tiny_lm, prompts[0])
+    assert runner._plain_layers(cache)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    cands = [tiny_lm.tokenizer(" " + d.answer, add_special_tokens=False)["input_ids"] for d in exs[0].documents]
+    assert max(map(len, cands)) > 1
+    n = len(prompts[0].input_ids)
+    first = torch.zeros((1, tiny_lm.model.config.vocab_size))
+    runner.candidate_scores(tiny_lm, cache, torch.ones((1, n), dtype=torch.long), first, [cands])
+    for layer, (k, v) in zip(cache.layers, before):
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+
+
 def test_choice_on_kv_uses_every_value(tiny_lm):
     ex = gold_at(generate_kv(1, 4, seed=1)[0], 2)
     p = render(ex, tiny_lm.tokenizer, Variant())

@@ -222,8 +222,8 @@ def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, Tre
 
     def score(i, cache, last):
         cands = [_cont_ids(lm, prompts[i], a) for a in candidates[i]]
-        out[i] = choice_result(candidate_scores(lm, cache, 0, torch.ones((1, len(seqs[i])), dtype=torch.long),
-                                                torch.log_softmax(last, -1), cands), gold[i])
+        out[i] = choice_result(candidate_scores(lm, cache, torch.ones((1, len(seqs[i])), dtype=torch.long),
+                                                torch.log_softmax(last, -1)[None], [cands])[0], gold[i])
 
     def walk(children, cache, depth):
         nonlocal prefilled

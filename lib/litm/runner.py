@@ -96,10 +96,8 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
         with torch.inference_mode():
             pre = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         first_logp = torch.log_softmax(pre.logits[:, -1].float(), dim=-1)
-        scored = [candidate_scores(lm, pre["cache"] if "cache" in pre else pre["past_key_values"], row,
-                                   mask[row:row + 1], first_logp[row],
-                                   [_cont_ids(lm, prompts[i], a) for a in candidates[i]])
-                  for row, i in enumerate(batch)]
+        scored = candidate_scores(lm, pre["cache"] if "cache" in pre else pre["past_key_values"], mask, first_logp,
+                                  [[_cont_ids(lm, prompts[i], a) for a in candidates[i]] for i in batch])
         dt = (time.perf_counter() - t0) / len(batch)
         for i, s in zip(batch, scored):
             out[i] = choice_result(s, gold[i], dt)
@@ -112,10 +110,70 @@ def choice_result(scores: Sequence[float], gold: int, latency_s: float = 0.0) ->
     return Scored(gold_loglik=scores[gold], gold_rank=rank, candidate_logliks=tuple(scores), latency_s=latency_s)
 
 
-def candidate_scores(lm: LoadedModel, cache, row: int, prefix_mask, first_logp, cands: list[list[int]]) -> list[float]:
-    """Log-likelihood of each candidate's tokens after a prefilled prompt: `row` of the batch in `cache`,
-    whose padding mask is `prefix_mask` [1, length] and whose next-token log-probabilities are `first_logp`.
-    The cache is copied, never changed, so it can serve other rows or branches."""
+def _plain_layers(cache) -> bool:
+    """Whether every layer of a KV cache is a plain growing one (no sliding window): then candidates can
+    extend it side by side under a custom mask and the cache can be put back as it was."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def candidate_scores(lm: LoadedModel, cache, prefix_mask, first_logp, cands: list[list[list[int]]]) -> list[list[float]]:
+    """Log-likelihood of each candidate's tokens after a prefilled batch of prompts.
+
+    `cache` holds the batch's prompts (left-padded; `prefix_mask` [batch, length]), `first_logp` [batch,
+    vocab] their next-token log-probabilities and `cands[b]` row b's candidates as token lists.  Every
+    candidate's first token is read off `first_logp`; the rest come from one extra forward in which each
+    row's candidates sit side by side, each seeing the prompt and its own earlier tokens only (a tree
+    mask).  The cache is left as it was, so it can serve other branches."""
+    import torch
+
+    scores = [[float(first_logp[b, c[0]]) for c in row] for b, row in enumerate(cands)]
+    if all(len(c) == 1 for row in cands for c in row):
+        return scores
+    if not _plain_layers(cache):  # sliding-window caches: one copy of the row per candidate
+        return [_scores_from_copies(lm, cache, b, prefix_mask[b:b + 1], first_logp[b], row)
+                for b, row in enumerate(cands)]
+    dev = lm.device
+    batch, length = prefix_mask.shape
+    width = max(sum(len(c) - 1 for c in row) for row in cands)
+    neg = torch.finfo(lm.model.dtype).min
+    ids = torch.full((batch, width), lm.tokenizer.pad_token_id, dtype=torch.long)
+    pos = torch.zeros((batch, width), dtype=torch.long)
+    mask = torch.full((batch, 1, width, length + width), neg, dtype=lm.model.dtype)
+    mask[:, 0, :, :length] = torch.where(prefix_mask.cpu()[:, None, :].bool(), 0.0, neg)
+    mask[:, 0, torch.arange(width), length + torch.arange(width)] = 0  # every slot sees itself (no empty rows)
+    slots = []  # (row, candidate, first slot) of each candidate with more than one token
+    for b, row in enumerate(cands):
+        start, at = int(prefix_mask[b].sum()), 0
+        for j, c in enumerate(row):
+            n = len(c) - 1
+            if n == 0:
+                continue
+            ids[b, at:at + n] = torch.tensor(c[:-1])
+            pos[b, at:at + n] = start + torch.arange(n)
+            mask[b, 0, at:at + n, length + at:length + at + n] = torch.triu(torch.full((n, n), neg), 1)
+            slots.append((b, j, at))
+            at += n
+    saved = [(layer.keys, layer.values) for layer in cache.layers]
+    try:
+        with torch.inference_mode():
+            logits = lm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                              use_cache=True, **{_cache_kwarg(lm.model): cache}).logits
+    finally:  # the forward appended the candidates' keys and values; put the prompt's back
+        for layer, (k, v) in zip(cache.layers, saved):
+            layer.keys, layer.values = k, v
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    for b, j, at in slots:
+        c = cands[b][j]
+        nxt = torch.tensor(c[1:], device=logp.device)
+        scores[b][j] += float(logp[b, at:at + len(c) - 1].gather(-1, nxt[:, None]).sum())
+    return scores
+
+
+def _scores_from_copies(lm: LoadedModel, cache, row: int, prefix_mask, first_logp, cands: list[list[int]]) -> list[float]:
+    """`candidate_scores` for one row by copying the cache once per candidate (any cache type)."""
     import torch
 
     n, width = len(cands), max(len(c) for c in cands)
@@ -126,18 +184,16 @@ def candidate_scores(lm: LoadedModel, cache, row: int, prefix_mask, first_logp, 
         mask[j, :len(c)] = 1
     ids, mask = ids.to(lm.device), mask.to(lm.device)
     scores = first_logp[ids[:, 0]]
-    if width > 1:
-        cache = copy.deepcopy(cache)
-        cache.batch_select_indices(torch.tensor([row] * n, device=lm.device))
-        full_mask = torch.cat([prefix_mask.to(lm.device).expand(n, -1), mask], dim=1)
-        start = int(prefix_mask.sum())
-        pos = (start + torch.arange(width, device=lm.device)).expand(n, -1)
-        with torch.inference_mode():
-            logits = lm.model(input_ids=ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=pos[:, :-1],
-                              use_cache=True, **{_cache_kwarg(lm.model): cache}).logits
-        lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
-        scores = scores + (lp * mask[:, 1:]).sum(-1)
-    return scores.tolist()
+    cache = copy.deepcopy(cache)
+    cache.batch_select_indices(torch.tensor([row] * n, device=lm.device))
+    full_mask = torch.cat([prefix_mask.to(lm.device).expand(n, -1), mask], dim=1)
+    start = int(prefix_mask.sum())
+    pos = (start + torch.arange(width, device=lm.device)).expand(n, -1)
+    with torch.inference_mode():
+        logits = lm.model(input_ids=ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=pos[:, :-1],
+                          use_cache=True, **{_cache_kwarg(lm.model): cache}).logits
+    lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+    return (scores + (lp * mask[:, 1:]).sum(-1)).tolist()
 
 
 def generate(lm: LoadedModel, prompts: Sequence[Prompt], max_new_tokens: int = 100,
