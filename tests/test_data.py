@@ -542,3 +542,39 @@ def test_fictional_qa_bad_sizes():
         generate_fictional_qa(0, 3)
     with pytest.raises(ConfigError):
         generate_fictional_qa(2, 0)
+
+
+def test_adversarial_distractors_conflict_with_the_gold():
+    from litm.data import generate_fictional_qa
+
+    plain = generate_fictional_qa(3, 6, seed=2)
+    adv = generate_fictional_qa(3, 6, seed=2, adversarial=("outdated", "other_region", "contradicting"))
+    for p, e in zip(plain, adv):
+        assert e.question == p.question and e.answers == p.answers and e.gold.text == p.gold.text
+        assert e.documents[1:3] == p.documents[1:3]
+        gold_entity = e.gold.title.split(" (")[0]
+        kinds = {d.kind: d for d in e.documents if d.kind}
+        assert set(kinds) == {"outdated", "other_region", "contradicting"}
+        assert [d.kind for d in e.documents[:3]] == [None] * 3  # the first distractors stay ordinary
+        answers = [d.answer for d in e.documents]
+        assert len(set(answers)) == len(answers)  # every document supports its own answer
+        for kind, d in kinds.items():
+            assert d.answer in d.text and e.answers[0] not in d.text
+        # outdated and contradicting speak of the gold's own entity; other_region of a near-identical one
+        assert kinds["outdated"].text.count(gold_entity) >= 1 and kinds["contradicting"].title.startswith(gold_entity)
+        region, _, rest = kinds["other_region"].title.partition(" ")
+        assert rest.startswith(gold_entity + " (") and region in ("North", "South", "East", "West", "Upper",
+                                                                    "Lower", "New", "Old")
+        # versions: the gold is the newer one, the outdated one says so
+        gv = int(e.gold.title.split("version 2, ")[1].rstrip("]"))
+        ov = int(kinds["outdated"].title.split("version 1, ")[1].split(",")[0])
+        assert ov < gv and "superseded" in kinds["outdated"].title
+
+
+def test_adversarial_needs_room_and_known_kinds():
+    from litm.data import generate_fictional_qa
+
+    with pytest.raises(ConfigError, match="at least 4 documents"):
+        generate_fictional_qa(1, 3, adversarial=("outdated", "other_region", "contradicting"))
+    with pytest.raises(ConfigError, match="adversarial kinds"):
+        generate_fictional_qa(1, 6, adversarial=("outdated", "misleading"))

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from litm.errors import ConfigError, DataError
+from litm.data import generate_fictional_qa
 from litm.ordering import gold_at
 from litm.prompts import Manifest, Prompt, Variant, render, render_text
 from litm.types import Document, Example
@@ -561,3 +562,33 @@ def test_strategy_variants_refuse_what_they_cannot_do(tmp_path):
         render_text(QA, Variant(doc_format="html"))
     with pytest.raises(ConfigError, match="repeat and cite are ours"):
         render_text(QA, Variant(cite=True, template="paper", template_dir=str(tmp_path)))
+
+
+def test_user_template_renders_every_condition_and_locates_the_documents(tok):
+    from litm.prompts import check_template
+
+    text = "Help desk.\n{search_results}\n--\nQ: {question}\nA ({{short}}):"
+    ex = gold_at(generate_fictional_qa(1, 4, seed=1)[0], 2)
+    p = render(ex, tok, Variant(template_text=text, chat=False))
+    assert p.text.startswith("Help desk.\nDocument [1](Title: ") and p.text.endswith("\nA ({short}):")
+    assert p.manifest.template == "user:qa" and p.manifest.gold_index == 2
+    s, e = p.manifest.doc_char_spans[2]
+    assert p.text[s:e] == f"Document [3](Title: {ex.gold.title}) {ex.gold.text}"
+    closed = render(ex, tok, Variant(template_text=text, condition="closedbook", chat=False))
+    assert closed.text == f"Help desk.\n\n--\nQ: {ex.question}\nA ({{short}}):" and not closed.manifest.doc_ids
+    oracle = render(ex, tok, Variant(template_text=text, condition="oracle", chat=False))
+    assert oracle.manifest.doc_ids == (ex.gold.id,)
+    assert check_template(text) == text
+
+
+@pytest.mark.parametrize("text, message", [
+    ("Docs: {search_results}\nAnswer:", r"lacks the placeholder\(s\) \{question\}"),
+    ("Q: {question}", r"\{search_results\}"),
+    ("{search_results} {question} {context}", r"\{context\} we cannot fill"),
+    ("{search_results} {question} {", "not a valid template"),
+])
+def test_user_template_errors_say_what_to_fix(text, message):
+    from litm.prompts import check_template
+
+    with pytest.raises(ConfigError, match=message):
+        check_template(text, "my.txt")

@@ -60,6 +60,7 @@ class Variant:
     template: str = "ours"  # ours | paper
     template_dir: str = "data/liu2023"  # where `litm fetch liu2023` put the paper's files
     chat: bool | None = None  # None: use the tokenizer's chat template when it has one
+    template_text: str | None = None  # QA: the user's own template (check_template), used for every condition
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,30 @@ def template_name(task: str, variant: Variant) -> str:
     raise ConfigError(f"unknown task {task!r}: use 'qa' or 'kv'.")
 
 
+def check_template(text: str, source: str = "the template") -> str:
+    """A user's QA template: it must hold {search_results} and {question} and no other field (write a
+    literal brace as {{ or }}).  Returns the text."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as exc:
+        raise ConfigError(f"{source}: not a valid template ({exc}); write literal braces as {{{{ and }}}}.") from None
+    missing = [f for f in ("search_results", "question") if f not in fields]
+    if missing:
+        raise ConfigError(f"{source} lacks the placeholder(s) {', '.join('{' + f + '}' for f in missing)}: put "
+                          "{search_results} where the documents go and {question} where the question goes.")
+    unknown = sorted(set(fields) - {"search_results", "question"})
+    if unknown:
+        raise ConfigError(f"{source} has placeholder(s) {', '.join('{' + f + '}' for f in unknown)} we cannot fill; "
+                          "only {search_results} and {question} are filled (write literal braces as {{ and }}).")
+    return text
+
+
 def load_template(name: str, variant: Variant) -> str:
     """Our template, or the paper's file read as the paper reads it (trailing newlines dropped)."""
+    if variant.template_text is not None:
+        if not name.startswith(("qa", "closedbook_qa")):
+            raise ConfigError("a template of your own is for QA prompts only.")
+        return check_template(variant.template_text)
     if variant.template == "ours":
         return OUR_TEMPLATES[name]
     if variant.template != "paper":
@@ -248,5 +271,5 @@ def render(example: Example, tokenizer, variant: Variant = Variant(), allow_empt
         doc_char_spans=tuple((s + shift, e + shift) for s, e in doc_chars), gold_index=gold_index,
         question_spans=q_spans, num_tokens=len(ids),
         sha256=hashlib.sha256(" ".join(map(str, ids)).encode()).hexdigest(),
-        template=f"{variant.template}:{name}", chat=chat)
+        template=f"{'user' if variant.template_text is not None else variant.template}:{name}", chat=chat)
     return Prompt(example.id, full, tuple(ids), manifest)

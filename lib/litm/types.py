@@ -14,6 +14,7 @@ class Document:
     is_gold: bool = False
     score: float | None = None
     answer: str | None = None  # the answer this document supports, when known (fictional QA, KV)
+    kind: str | None = None  # distractors: "outdated", "other_region", "contradicting" (adversarial), or None
 
 
 @dataclass(frozen=True)

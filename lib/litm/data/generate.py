@@ -112,14 +112,28 @@ def _filler(rng: random.Random, entity: str) -> str:
         p=_place(rng), person=_person(rng), n=rng.randrange(2, 12), colour=rng.choice(_COLOURS))
 
 
+ADVERSARIAL_KINDS = ("outdated", "other_region", "contradicting")
+_REGION_PREFIXES = ["North", "South", "East", "West", "Upper", "Lower", "New", "Old"]
+
+
 def fictional_qa_records(num_examples: int, num_docs: int, seed: int = 0,
-                         sentences_per_doc: int = 3) -> list[dict]:
+                         sentences_per_doc: int = 3, adversarial: tuple[str, ...] = ()) -> list[dict]:
     """QA objects in Liu et al.'s schema about invented entities; ctxs[0] is the gold document.
 
     Every distractor states the same kind of fact about another invented entity, with its own
     answer (kept in the ctx's `answer` field) so forced choice has a candidate per document.
+
+    `adversarial` replaces the last distractors, one per kind, with documents built to conflict with the
+    gold (kept in the ctx's `kind` field), each with an answer of its own:
+    "outdated", the gold's fact about the same entity in an earlier, superseded version (the titles carry
+    version numbers and years; the gold's is the newer); "other_region", the same fact about a near-identical
+    entity ("North X" for X); "contradicting", the same entity with another answer and nothing to tell
+    which is right.  The same seed gives the same questions, golds and ordinary distractors either way.
     """
-    _check(num_examples, num_docs, min_docs=1)
+    _check(num_examples, num_docs, min_docs=1 + len(adversarial))
+    bad = [k for k in adversarial if k not in ADVERSARIAL_KINDS]
+    if bad or len(set(adversarial)) != len(adversarial):
+        raise ConfigError(f"adversarial kinds must be distinct ones of {ADVERSARIAL_KINDS}, got {adversarial}.")
     rng = random.Random(f"fqa-{seed}")
     out = []
     for i in range(num_examples):
@@ -131,26 +145,46 @@ def fictional_qa_records(num_examples: int, num_docs: int, seed: int = 0,
             if e not in entities and a not in answers and e != a and a not in entities:
                 entities.append(e)
                 answers.append(a)
+        titles = [f"{e} ({kind})" for e in entities]
+        kinds: list[str | None] = [None] * num_docs
+        if adversarial:
+            gold, arng = entities[0], random.Random(f"fqa-adversarial-{seed}-{i}")  # the plain stream stays as it was
+            old, new = sorted(arng.sample(range(1700, 2000), 2))
+            titles[0] = f"{gold} ({kind}) [version 2, {new}]"
+            for t, adv in enumerate(adversarial):
+                j = num_docs - len(adversarial) + t
+                kinds[j] = adv
+                if adv == "outdated":
+                    entities[j], titles[j] = gold, f"{gold} ({kind}) [version 1, {old}, superseded]"
+                elif adv == "other_region":
+                    entities[j] = f"{arng.choice(_REGION_PREFIXES)} {gold}"
+                    titles[j] = f"{entities[j]} ({kind})"
+                else:
+                    entities[j], titles[j] = gold, f"{gold} ({kind})"
         ctxs = []
         for j, (e, a) in enumerate(zip(entities, answers)):
             sentences = [_filler(rng, e) for _ in range(max(0, sentences_per_doc - 1))]
             sentences.insert(rng.randrange(len(sentences) + 1), fact.format(e=e, a=a))
-            ctxs.append({"id": f"fqa{seed}-{i}-{j}", "title": f"{e} ({kind})", "text": " ".join(sentences),
-                         "hasanswer": j == 0, "isgold": j == 0, "answer": a})
+            ctx = {"id": f"fqa{seed}-{i}-{j}", "title": titles[j], "text": " ".join(sentences),
+                   "hasanswer": j == 0, "isgold": j == 0, "answer": a}
+            if kinds[j]:
+                ctx["kind"] = kinds[j]
+            ctxs.append(ctx)
         out.append({"question": question.format(e=entities[0]), "answers": [answers[0]], "ctxs": ctxs,
                     "nq_annotated_gold": {"title": ctxs[0]["title"], "short_answers": [answers[0]]}})
     return out
 
 
 def generate_fictional_qa(num_examples: int, num_docs: int, seed: int = 0,
-                          sentences_per_doc: int = 3) -> list[Example]:
-    """Fictional QA Examples; gold first, distractors after it (move it with `ordering.gold_at`)."""
+                          sentences_per_doc: int = 3, adversarial: tuple[str, ...] = ()) -> list[Example]:
+    """Fictional QA Examples; gold first, distractors after it (move it with `ordering.gold_at`).
+    `adversarial` adds conflicting distractors (see `fictional_qa_records`)."""
     from .liu import qa_example_from_obj
 
     examples = []
-    for i, obj in enumerate(fictional_qa_records(num_examples, num_docs, seed, sentences_per_doc)):
+    for i, obj in enumerate(fictional_qa_records(num_examples, num_docs, seed, sentences_per_doc, adversarial)):
         ex = qa_example_from_obj(obj, f"fqa-s{seed}-{i}", f"generated qa #{i}")
-        docs = tuple(Document(d.id, d.title, d.text, d.is_gold, d.score, c["answer"])
+        docs = tuple(Document(d.id, d.title, d.text, d.is_gold, d.score, c["answer"], c.get("kind"))
                      for d, c in zip(ex.documents, obj["ctxs"]))
         examples.append(Example(ex.id, ex.question, ex.answers, docs, "qa", ex.meta))
     return examples
