@@ -212,11 +212,23 @@ def compare(a_paths, b_paths, n_boot: int = 10_000, seed: int = 0, different_con
                          f"the model, or say so with different_configs=True (--different-configs).")
     a, b = a[a["condition"] == "documents"], b[b["condition"] == "documents"]
     ta, tb = stats.paired_table(a), stats.paired_table(b)
+    if set(ta.ids) != set(tb.ids) and not different_configs:
+        raise StatsError(f"A and B are not paired: {len(ta.ids)} and {len(tb.ids)} questions, "
+                         f"{len(set(ta.ids) & set(tb.ids))} in common. Run both on the same data, seed and limit.")
+    return compare_tables(ta, tb, ca.get("model"), cb.get("model"), diffs, n_boot, seed, level)
+
+
+def compare_tables(ta: "stats.PairedTable", tb: "stats.PairedTable", name_a, name_b, diffs: dict | None = None,
+                   n_boot: int = 10_000, seed: int = 0, level: float = 0.95, unit: str | None = None,
+                   what: str = "questions") -> Comparison:
+    """`compare` on two paired tables (units x gold positions) of the same units: the change in middle
+    penalty and in the mean over positions, B minus A, by paired bootstrap over the common units."""
+    diffs = diffs or {}
     if ta.conditions != tb.conditions:
         raise StatsError(f"A and B have different gold positions ({ta.conditions} vs {tb.conditions}).")
     common = sorted(set(ta.ids) & set(tb.ids))
-    if len(common) < 2 or (set(ta.ids) != set(tb.ids) and not different_configs):
-        raise StatsError(f"A and B are not paired: {len(ta.ids)} and {len(tb.ids)} questions, {len(common)} "
+    if len(common) < 2:
+        raise StatsError(f"A and B are not paired: {len(ta.ids)} and {len(tb.ids)} {what}, {len(common)} "
                          "in common. Run both on the same data, seed and limit.")
     ia = [ta.ids.index(i) for i in common]
     ib = [tb.ids.index(i) for i in common]
@@ -234,9 +246,9 @@ def compare(a_paths, b_paths, n_boot: int = 10_000, seed: int = 0, different_con
     worse = (penalty_change is not None and penalty_change.low > 0) or mean_change.high < 0
     better = (penalty_change is not None and penalty_change.high < 0) or mean_change.low > 0
     verdict = "regression" if worse else "improvement" if better else "no significant difference"
-    unit = "points" if ta.binary and tb.binary else "nats"
+    unit = unit or ("points" if ta.binary and tb.binary else "nats")
     scale = 100 if unit == "points" else 1
-    lines = [f"A: {ca.get('model')}   B: {cb.get('model')}   ({len(common)} paired questions, positions "
+    lines = [f"A: {name_a}   B: {name_b}   ({len(common)} paired {what}, positions "
              f"{[p + 1 for p in positions]})"]
     if diffs:
         lines.append("Configs differ in: " + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in diffs.items()))
