@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .errors import LitmError
@@ -13,6 +14,13 @@ def _positions(text: str) -> tuple[int, ...]:
         return tuple(int(p) for p in text.split(",") if p.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"positions must be comma-separated integers, got {text!r}") from None
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"depths must be comma-separated fractions, got {text!r}") from None
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -74,6 +82,28 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--different-configs", action="store_true",
                    help="allow A and B to differ in more than the model (they are listed)")
 
+    d = sub.add_parser("diagnose", help="is it position? move the gold through your own RAG cases and get a verdict")
+    d.add_argument("cases", help="JSONL file of cases (see data/samples/rag_cases.jsonl)")
+    d.add_argument("--model", default="smollm2-135m", help="registry name, hub id, local directory or .gguf file")
+    d.add_argument("--second-model", default=None, help="run the same cases on this model too and compare")
+    d.add_argument("--template", default=None, help="your prompt template: a file with {search_results} and {question}")
+    d.add_argument("--scoring", choices=["generate", "choice"], default="generate")
+    d.add_argument("--depths", type=_fractions, default=(0.0, 0.25, 0.5, 0.75, 0.95),
+                   help="relative depths of the gold in the document region, e.g. 0,0.25,0.5,0.75,0.95")
+    d.add_argument("--orders", type=int, default=None,
+                   help="distractor orders per placement (default: all rows of the Latin square, exact balance)")
+    d.add_argument("--seeds", type=_positions, default=(0,), help="comma-separated seeds of the distractor shuffle")
+    d.add_argument("--lengths", type=_positions, default=(1,), help="e.g. 1,2: also run padded to twice the documents")
+    d.add_argument("--adversarial", default="", help="add conflicting copies of each gold: outdated,other_region,contradicting")
+    d.add_argument("--max-prompt-tokens", type=int, default=None, help="your pipeline's budget (documents packed in order)")
+    d.add_argument("--no-cite", dest="cite", action="store_false", help="our template: do not ask for citations")
+    d.add_argument("--limit", type=int, default=None, help="the first N cases")
+    d.add_argument("--max-new-tokens", type=int, default=32)
+    d.add_argument("--batch-size", type=int, default=4)
+    d.add_argument("--results", default="results/diagnose")
+    d.add_argument("--out", default="reports/diagnose", help="where report.md and the figures go")
+    d.add_argument("--n-boot", type=int, default=2000)
+
     m = sub.add_parser("merge", help="merge the result folders of sharded jobs into one, each example once")
     m.add_argument("sources", nargs="+", help="result folders (e.g. results/shard-*)")
     m.add_argument("--out", default="results", help="the merged results folder")
@@ -104,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"merged {len(counts)} runs into {args.out}: " +
                   ", ".join(f"{h} ({n} records)" for h, n in sorted(counts.items())))
             return 0
+        if args.command == "diagnose":
+            return _diagnose(args)
         if args.command == "compare":
             from .report import compare
 
@@ -133,6 +165,28 @@ def main(argv: list[str] | None = None) -> int:
     except LitmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _diagnose(args) -> int:
+    from . import diagnose as dg
+    from .models import load_model
+
+    cfg = dg.DiagnoseConfig(cases=args.cases, model=args.model, template=args.template, cite=args.cite,
+                            depths=args.depths, orders=args.orders, seeds=args.seeds, lengths=args.lengths,
+                            adversarial=tuple(k for k in args.adversarial.split(",") if k.strip()),
+                            max_prompt_tokens=args.max_prompt_tokens, scoring=args.scoring,
+                            max_new_tokens=args.max_new_tokens, limit=args.limit, batch_size=args.batch_size,
+                            results_dir=args.results, n_boot=args.n_boot)
+    cases = dg.read_cases(args.cases)  # bad input fails before a model loads
+    diagnoses = []
+    for name in [args.model] + ([args.second_model] if args.second_model else []):
+        df = dg.run(replace(cfg, model=name), load_model(name), cases)
+        diagnoses.append(dg.diagnose(df, n_boot=args.n_boot))
+    comparison = dg.compare_models(*diagnoses, n_boot=args.n_boot) if len(diagnoses) == 2 else None
+    out = dg.write_report(diagnoses, cfg, args.out, comparison)
+    print(out["markdown"])
+    print(f"wrote {out['path']} and {len(out['figures'])} figure files")
+    return 0
 
 
 if __name__ == "__main__":

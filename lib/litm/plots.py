@@ -377,3 +377,38 @@ def position_curves_by_strategy(by_position, budget: int, title: str | None = No
     ax.set_title(title or f"Position curves at a budget of {budget} tokens")
     fig.tight_layout()
     return fig
+
+
+def diagnosis_curves(measures_by_model, title: str | None = None):
+    """Notebook 07: accuracy (Wilson 95%) by the gold's depth at the cases' own length, oracle and
+    closed-book as dashed and dotted lines (left); wrong-source and abstention rates (right); one colour
+    per model.  `measures_by_model` is [(model, diagnose.measures(...)), ...]."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (name, m) in enumerate(measures_by_model):
+        color = f"C{i}"
+        d = m[(m["placement"].notna()) & (m["length"] == 1)].sort_values("placement")
+        x = np.arange(len(d))
+        ax.plot(x, d["accuracy"], marker="o", color=color, label=name)
+        ax.fill_between(x, d["ci_low"], d["ci_high"], color=color, alpha=0.2)
+        for cond, style in (("oracle", "--"), ("closedbook", ":")):
+            row = m[m["condition"] == cond]
+            if len(row):
+                ax.axhline(float(row["accuracy"].iloc[0]), color=color, linestyle=style, linewidth=1.2,
+                           label=f"{cond} ({name})")
+        bx.plot(x, d["wrong_source"], marker="s", color=color, label=f"wrong source ({name})")
+        bx.plot(x, d["abstained"], marker="^", color=color, linestyle="--", label=f"abstained ({name})")
+        for a in (ax, bx):
+            a.set_xticks(x, d["condition"])
+    ax.set_ylabel("Accuracy")
+    bx.set_ylabel("Share of answers")
+    for a in (ax, bx):
+        a.set_xlabel("Depth of the gold document in the document region")
+        a.set_ylim(-0.02, 1.02)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7, loc="best")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -140,12 +140,17 @@ def bootstrap(table: PairedTable, statistic: Callable[[np.ndarray], np.ndarray],
     for start in range(0, n_boot, chunk):
         w = rng.multinomial(n, np.full(n, 1.0 / n), size=min(chunk, n_boot - start))
         draws.append(statistic(w @ table.values / n))
-    boot = np.concatenate(draws)
+    return estimate_from_draws(point, np.concatenate(draws), n, level)
+
+
+def estimate_from_draws(point: float, boot: np.ndarray, n: int, level: float = 0.95) -> Estimate:
+    """An Estimate from bootstrap draws: the percentile interval and a two-sided p-value against 0."""
+    boot = np.asarray(boot, dtype=float)
     alpha = (1 - level) / 2
     low, high = np.quantile(boot, [alpha, 1 - alpha])
     # (count + 1) / (draws + 1): a bootstrap p-value is never exactly 0
     p = min(1.0, 2 * (min(np.sum(boot <= 0), np.sum(boot >= 0)) + 1) / (len(boot) + 1))
-    return Estimate(point, float(low), float(high), float(p), n, n_boot, level)
+    return Estimate(float(point), float(low), float(high), float(p), n, len(boot), level)
 
 
 def edges_and_middle(positions: Sequence[int]) -> tuple[list[int], list[int]]:
