@@ -22,6 +22,7 @@ NOTEBOOKS = [
     ("06-statistics-and-reporting",
      "LIMIT = 4\nPOSITIONS = (0, 4, 9)\nLENGTHS = (250, 500)\nDEPTHS = 4\nGRID_LIMIT = 3\nN_BOOT = 200\n",
      ["06-depth-length-heatmap"]),
+    ("07-diagnose-your-rag-prompt", "LIMIT = 2\nORDERS = 2\nN_BOOT = 200\n", ["07-diagnosis"]),
 ]
 
 
