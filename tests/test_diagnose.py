@@ -197,7 +197,7 @@ def test_each_verdict_rule_fires_on_its_case_and_no_other(tiny_lm, tmp_path, mon
 def test_cli_writes_a_report_for_two_models(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "report"
     code = main(["diagnose", str(SAMPLE), "--model", str(tiny_model_dir), "--second-model", str(tiny_model_dir),
-                 "--template", str(TEMPLATE), "--limit", "2", "--depths", "0,0.5,0.95", "--orders", "2",
+                 "--template", str(TEMPLATE), "--limit", "2", "--depths", "0,0.5,0.95", "--orders", "2", "--seeds", "0",
                  "--max-new-tokens", "4", "--results", str(tmp_path / "res"), "--out", str(out), "--n-boot", "200"])
     text = capsys.readouterr().out
     assert code == 0

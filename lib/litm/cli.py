@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="relative depths of the gold in the document region, e.g. 0,0.25,0.5,0.75,0.95")
     d.add_argument("--orders", type=int, default=None,
                    help="distractor orders per placement (default: all rows of the Latin square, exact balance)")
-    d.add_argument("--seeds", type=_positions, default=(0,), help="comma-separated seeds of the distractor shuffle")
+    d.add_argument("--seeds", type=_positions, default=(0, 1),
+                   help="seeds of the distractor shuffle, each its own Latin square (default 0,1)")
     d.add_argument("--lengths", type=_positions, default=(1,), help="e.g. 1,2: also run padded to twice the documents")
     d.add_argument("--adversarial", default="", help="add conflicting copies of each gold: outdated,other_region,contradicting")
     d.add_argument("--max-prompt-tokens", type=int, default=None, help="your pipeline's budget (documents packed in order)")

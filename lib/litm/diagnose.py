@@ -197,7 +197,8 @@ def design(case: Example, depths=DEPTHS, orders: int | None = None, seeds=(0,), 
     own = [d for d in case.documents if not d.is_gold]
     out = []
     for length in lengths:
-        extra = [replace(d, id=f"{d.id}~pad", kind=None, is_gold=False) for d in fillers[:(length - 1) * len(case.documents)]]
+        extra = [replace(d, id=f"{d.id}~pad{j}", kind=None, is_gold=False)  # other cases' kinds mean nothing here
+                 for j, d in enumerate(fillers[:(length - 1) * len(case.documents)])]
         if len(extra) < (length - 1) * len(case.documents):
             raise ConfigError(f"length x{length} needs {(length - 1) * len(case.documents)} padding documents from "
                               f"other cases, only {len(extra)} are there; use more cases or shorter lengths.")
@@ -236,7 +237,7 @@ class DiagnoseConfig:
     cite: bool = True  # our template asks for the supporting document's number (supported accuracy)
     depths: tuple[float, ...] = DEPTHS
     orders: int | None = None  # Latin-square rows per placement; None = all (exact balance)
-    seeds: tuple[int, ...] = (0,)  # each seed shuffles the distractors before the Latin square
+    seeds: tuple[int, ...] = (0, 1)  # each seed shuffles the distractors anew: a Latin square per seed
     lengths: tuple[int, ...] = (1,)  # 2 = the case's documents plus as many from other cases, and so on
     adversarial: tuple[str, ...] = ()  # add conflicting copies of each gold (see `with_adversarial`)
     max_prompt_tokens: int | None = None  # your pipeline's budget: documents that do not fit are dropped
@@ -684,7 +685,7 @@ def diagnose(df, n_boot: int = 2000, seed: int = 0) -> Diagnosis:
     adj = eff["adjacent"] if eff else None
     if adj is not None:
         apart = float(ok_base.loc[~ok_base["conflict_adjacent"].astype(bool), "correct"].mean())
-        fired = adj.high < 0 and apart >= APART_MIN and not position_fired
+        fired = adj.high < 0 and apart >= APART_MIN  # may fire beside position: both can be at work
         evidence = (f"accuracy {_pct(apart)} with no conflicting neighbour, "
                     f"{_pct(float(ok_base.loc[ok_base['conflict_adjacent'].astype(bool), 'correct'].mean()))} next to "
                     f"one; effect of a conflicting neighbour at the same placement {_ci(adj)} over {adj.n} cases")
@@ -697,7 +698,7 @@ def diagnose(df, n_boot: int = 2000, seed: int = 0) -> Diagnosis:
     rules.append(Rule(
         "interference from a conflicting document", fired,
         f"at least {_pct(APART_MIN)} accurate with no conflicting document next to the gold, significantly less "
-        "accurate with one next to it at the same placement (bootstrap over cases), and no position sensitivity",
+        "accurate with one next to it at the same placement (bootstrap over cases)",
         evidence,
         "remove superseded versions at indexing time, filter by metadata (region, role, date) before retrieval, "
         "or tell the model how to resolve conflicts (newest version wins) in the instruction."))
@@ -734,7 +735,8 @@ def compare_models(a: Diagnosis, b: Diagnosis, n_boot: int = 2000, seed: int = 0
     from .report import compare_tables
 
     ta, tb = case_table(a.records), case_table(b.records)
-    return compare_tables(ta, tb, a.model, b.model, n_boot=n_boot, seed=seed, unit="points", what="cases")
+    return compare_tables(ta, tb, a.model, b.model, n_boot=n_boot, seed=seed, unit="points", what="cases",
+                          where="placements")
 
 
 # -------------------------------------------------------------------------------------- report
@@ -746,7 +748,7 @@ def to_markdown(diagnoses: list[Diagnosis], config: DiagnoseConfig, comparison=N
     spread = length_spread(d0.records)
     lines = [f"# Position diagnosis: {config.cases or 'cases'}", "",
              f"{docs['case_id'].nunique()} cases; gold at depths {', '.join(f'{100 * x:.0f}%' for x in config.depths)} "
-             f"of the document region; {rows.min()}-{rows.max()} distractor orders (Latin-square rows) x "
+             f"of the document region; {rows.min()}{'' if rows.min() == rows.max() else f'-{rows.max()}'} distractor orders (Latin-square rows) x "
              f"{len(config.seeds)} seed(s) per placement; lengths {', '.join(f'x{x}' for x in config.lengths)}; "
              f"template: {config.template or 'ours' + (' (asks for citations)' if config.cite else '')}; "
              f"{len(d0.records)} prompts per model.", "",

@@ -220,7 +220,7 @@ def compare(a_paths, b_paths, n_boot: int = 10_000, seed: int = 0, different_con
 
 def compare_tables(ta: "stats.PairedTable", tb: "stats.PairedTable", name_a, name_b, diffs: dict | None = None,
                    n_boot: int = 10_000, seed: int = 0, level: float = 0.95, unit: str | None = None,
-                   what: str = "questions") -> Comparison:
+                   what: str = "questions", where: str = "positions") -> Comparison:
     """`compare` on two paired tables (units x gold positions) of the same units: the change in middle
     penalty and in the mean over positions, B minus A, by paired bootstrap over the common units."""
     diffs = diffs or {}
@@ -248,7 +248,7 @@ def compare_tables(ta: "stats.PairedTable", tb: "stats.PairedTable", name_a, nam
     verdict = "regression" if worse else "improvement" if better else "no significant difference"
     unit = unit or ("points" if ta.binary and tb.binary else "nats")
     scale = 100 if unit == "points" else 1
-    lines = [f"A: {name_a}   B: {name_b}   ({len(common)} paired {what}, positions "
+    lines = [f"A: {name_a}   B: {name_b}   ({len(common)} paired {what}, {where} "
              f"{[p + 1 for p in positions]})"]
     if diffs:
         lines.append("Configs differ in: " + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in diffs.items()))
