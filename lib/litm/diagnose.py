@@ -26,7 +26,7 @@ import numpy as np
 from . import runner, stats
 from .data.generate import ADVERSARIAL_KINDS
 from .errors import ConfigError, DataError
-from .experiment import config_hash
+from .experiment import config_hash, score_prompts
 from .metrics import best_subspan_em, first_line, normalize_answer, parse_citations
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .prompts import Prompt, Variant, check_template, render
@@ -391,18 +391,13 @@ def _record(trial: Trial, prompt: Prompt) -> dict:
 
 def _score(lm, trials: list[Trial], prompts: list[Prompt], config: DiagnoseConfig) -> list[dict]:
     """Generate (or choose) each prompt's answer and score it."""
-    from .vllm_backend import VLLMModel
-
     if config.scoring == "choice":
         cands = [choices(t.example)[0] for t in trials]  # every case's own, whatever documents the prompt kept
         out = runner.choice(lm, prompts, cands, [0] * len(trials), config.batch_size)
         return [{"prediction": c[int(np.argmax(s.candidate_logliks))], "gold_rank": s.gold_rank,
                  "latency_s": round(s.latency_s, 4), **score_choice(c[int(np.argmax(s.candidate_logliks))], t.example)}
                 for t, c, s in zip(trials, cands, out)]
-    if isinstance(lm, VLLMModel):
-        out = lm.generate(prompts, config.max_new_tokens)
-    else:
-        out = runner.generate(lm, prompts, config.max_new_tokens, config.batch_size)
+    out = score_prompts(lm, [t.example for t in trials], prompts, config)  # transformers or vLLM
     return [{"prediction": s.prediction, "latency_s": round(s.latency_s, 4),
              **score_answer(s.prediction, t.example, config.asks_citations)} for t, s in zip(trials, out)]
 
