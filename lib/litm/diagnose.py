@@ -460,11 +460,6 @@ def run(config: DiagnoseConfig, model: LoadedModel | None = None, cases: list[Ex
 
 
 # ------------------------------------------------------------------------------------- measures
-def _rate(values) -> tuple[float, float, float]:
-    v = [bool(x) for x in values if x is not None and x == x]
-    return stats.proportion_interval(v) if v else (float("nan"),) * 3
-
-
 def measures(df):
     """Per placement (and length) and for the baselines: accuracy with its Wilson interval, supported
     accuracy, wrong-source and abstention rates, how often the gold made it into the prompt, where it
@@ -485,7 +480,7 @@ def measures(df):
 
 
 def _measure_row(g, ok, label, length, placement) -> dict:
-    acc, lo, hi = _rate(ok["correct"])
+    acc, lo, hi = stats.proportion_interval(ok["correct"].astype(bool))  # scored prompts: never None
     sup = ok["supported"].dropna() if "supported" in ok else []
     return {"condition": label, "length": length, "placement": placement, "n": len(g), "scored": len(ok),
             "accuracy": acc, "ci_low": lo, "ci_high": hi,
