@@ -758,7 +758,8 @@ def to_markdown(diagnoses: list[Diagnosis], config: DiagnoseConfig, comparison=N
                          f"{_pct(r['abstained'])} | {_pct(r['gold_in_prompt'])} | {start} | {depth} | "
                          f"{r['prompt_tokens']:.0f} ({r['tokens_min']}-{r['tokens_max']}) |")
         if d.penalty is not None:
-            lines += ["", f"Middle penalty (edges minus middle, paired bootstrap over cases): {_ci(d.penalty)}."]
+            lines += ["", f"Middle penalty (edges minus middle, adjusted for a conflicting neighbour, bootstrap "
+                               f"over cases): {_ci(d.penalty)}."]
         lines += ["", "### Verdict", ""]
         fired = [r for r in d.rules if r.fired]
         lines.append("**" + ("; ".join(r.name for r in fired) if fired else
