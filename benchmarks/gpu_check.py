@@ -185,17 +185,13 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n1. prefill (one prompt, logits for the last token only; median of {args.repeats})")
     print(f"{'tokens':>7} {'seconds':>9} {'tokens/s':>10} {'TFLOP/s':>9} {'of peak':>8}")
-    prompts = {}
+    def plain(x):
+        with torch.inference_mode():
+            lm.model(input_ids=x, use_cache=False, logits_to_keep=1)
+
+    prompts = {n: torch.randint(0, cfg.vocab_size, (1, n), generator=gen).to(device) for n in lengths}
     for n in lengths:
-        ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen)
-        prompts[n] = ids
-        x = ids.to(device)
-
-        def plain():
-            with torch.inference_mode():
-                lm.model(input_ids=x, use_cache=False, logits_to_keep=1)
-
-        sec, mem = timed(device, plain, args.repeats)
+        sec, mem = timed(device, lambda: plain(prompts[n]), args.repeats)
         tflops = flops_per_prefill(cfg, non_embedding, n) / sec / 1e12
         frac = tflops / peak if peak else None
         out["prefill"].append({"tokens": n, "seconds": sec, "tokens_per_s": n / sec, "tflops": tflops,
@@ -228,13 +224,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'memory ratio':>13}")
     for n in lengths:
         prompt = synthetic_prompt(prompts[n][0].tolist())
-        x = prompts[n].to(device)
-
-        def plain():
-            with torch.inference_mode():
-                lm.model(input_ids=x, use_cache=False, logits_to_keep=1)
-
-        p_sec, p_mem = timed(device, plain, args.repeats)
+        # timed again beside the profile (not reused from part 1): a ratio of neighbours in time drifts least
+        p_sec, p_mem = timed(device, lambda: plain(prompts[n]), args.repeats)
         q_sec, q_mem = timed(device, lambda: profile(lm, prompt, queries="question"), args.repeats)
         mem_ratio = q_mem / p_mem if p_mem else None
         out["profile"].append({"tokens": n, "plain_s": p_sec, "profile_s": q_sec, "time_ratio": q_sec / p_sec,
