@@ -11,9 +11,7 @@ _PUNCT = str.maketrans("", "", string.punctuation)
 
 def normalize_answer(text: str) -> str:
     """Lowercase, drop punctuation, drop the articles a/an/the, collapse whitespace (the paper's order)."""
-    text = text.lower().translate(_PUNCT)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
 
 
 def first_line(prediction: str) -> str:
@@ -38,9 +36,5 @@ _CITATION = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]|\b(?:document|search res
 def parse_citations(prediction: str) -> list[int]:
     """Document numbers (1-based) cited in the first line of a prediction: "[3]", "[2, 5]", "Document 4",
     "search result 1"; in order of appearance, without repeats."""
-    out: list[int] = []
-    for bracket, named in _CITATION.findall(first_line(prediction)):
-        for n in (bracket.split(",") if bracket else [named]):
-            if int(n) not in out:
-                out.append(int(n))
-    return out
+    found = _CITATION.findall(first_line(prediction))
+    return list(dict.fromkeys(int(n) for bracket, named in found for n in (bracket.split(",") if bracket else [named])))

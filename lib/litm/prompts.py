@@ -18,6 +18,7 @@ from .types import Example
 
 _QA_INSTRUCTION = ("Use only the search results below to answer the question. "
                    "Some of the search results may not be relevant to it.")
+_KV_INSTRUCTION = "The JSON object below maps keys to values. Find the value stored under the given key.\n\n"
 _CITE = " After the answer, give the number of the search result it comes from in square brackets, like [2]."
 _QA_LAYOUTS = {
     "qa": "{instruction}\n\n{{search_results}}\n\nQuestion: {{question}}\nAnswer:",
@@ -32,15 +33,10 @@ OUR_TEMPLATES = {
     **{f"{name}_with_citations": layout.format(instruction=_QA_INSTRUCTION + _CITE)
        for name, layout in _QA_LAYOUTS.items()},
     "closedbook_qa": "Answer the question below.\n\nQuestion: {question}\nAnswer:",
-    "kv_retrieval": (
-        "The JSON object below maps keys to values. Find the value stored under the given key.\n\n"
-        "JSON data:\n{formatted_kv_records}\n\nKey: \"{key}\"\nCorresponding value:"
-    ),
-    "kv_retrieval_with_query_aware_contextualization": (
-        "The JSON object below maps keys to values. Find the value stored under the given key.\n\n"
-        "Key: \"{key}\"\n\nJSON data:\n{formatted_kv_records}\n\nKey: \"{key}\"\nCorresponding value:"
-    ),
-    "closedbook_kv_retrieval": "Give the value stored under the key below.\n\nKey: \"{key}\"\nCorresponding value:",
+    "kv_retrieval": _KV_INSTRUCTION + 'JSON data:\n{formatted_kv_records}\n\nKey: "{key}"\nCorresponding value:',
+    "kv_retrieval_with_query_aware_contextualization":
+        _KV_INSTRUCTION + 'Key: "{key}"\n\nJSON data:\n{formatted_kv_records}\n\nKey: "{key}"\nCorresponding value:',
+    "closedbook_kv_retrieval": 'Give the value stored under the key below.\n\nKey: "{key}"\nCorresponding value:',
 }
 DOC_FORMATS = ("paper", "xml")
 PAPER_TEMPLATE_DIR = Path("src") / "lost_in_the_middle" / "prompts"
@@ -169,8 +165,7 @@ def load_template(name: str, variant: Variant) -> str:
 def _fill(template: str, values: dict[str, tuple[str, list[tuple[int, int]]]]):
     """Format `template`; returns the text, the offset of each field occurrence, and the inner spans
     (given relative to a field's value) shifted to absolute character offsets."""
-    out, fields, inner = [], {}, []
-    pos = 0
+    out, fields, inner, pos = [], {}, [], 0
     for literal, field, spec, conv in string.Formatter().parse(template):
         out.append(literal)
         pos += len(literal)
@@ -187,31 +182,24 @@ def _fill(template: str, values: dict[str, tuple[str, list[tuple[int, int]]]]):
     return "".join(out), fields, inner
 
 
+def _join(items: list[str], sep: str, lead: str = "", tail: str = "") -> tuple[str, list[tuple[int, int]]]:
+    """`lead + sep.join(items) + tail`, and the character span of each item in it."""
+    spans, pos = [], len(lead)
+    for item in items:
+        spans.append((pos, pos + len(item)))
+        pos += len(item) + len(sep)
+    return lead + sep.join(items) + tail, spans
+
+
 def _format_documents(example: Example, doc_format: str = "paper") -> tuple[str, list[tuple[int, int]]]:
     if example.task == "kv":
-        parts, spans, pos = [], [], 0
-        last = len(example.documents) - 1
-        for i, d in enumerate(example.documents):
-            lead = "{" if i == 0 else " "
-            body = f'"{d.title}": "{d.text}"'
-            tail = "}" if i == last else ",\n"
-            spans.append((pos + len(lead), pos + len(lead) + len(body)))
-            parts.append(lead + body + tail)
-            pos += len(lead) + len(body) + len(tail)
-        return "".join(parts), spans
+        return _join([f'"{d.title}": "{d.text}"' for d in example.documents], ",\n ", "{", "}")
     if doc_format not in DOC_FORMATS:
         raise ConfigError(f"unknown doc_format {doc_format!r}: use one of {DOC_FORMATS}.")
-    lines, spans, pos = [], [], 0
-    for i, d in enumerate(example.documents):
-        if doc_format == "xml":
-            line = (f"<document index={quoteattr(str(i + 1))} id={quoteattr(d.id)} title={quoteattr(d.title)}>"
-                    f"{escape(d.text)}</document>")
-        else:
-            line = f"Document [{i + 1}](Title: {d.title}) {d.text}"
-        spans.append((pos, pos + len(line)))
-        lines.append(line)
-        pos += len(line) + 1
-    return "\n".join(lines), spans
+    if doc_format == "xml":
+        return _join([f"<document index={quoteattr(str(i + 1))} id={quoteattr(d.id)} title={quoteattr(d.title)}>"
+                      f"{escape(d.text)}</document>" for i, d in enumerate(example.documents)], "\n")
+    return _join([f"Document [{i + 1}](Title: {d.title}) {d.text}" for i, d in enumerate(example.documents)], "\n")
 
 
 def render_text(example: Example, variant: Variant = Variant(), allow_empty: bool = False):
@@ -251,25 +239,20 @@ def render(example: Example, tokenizer, variant: Variant = Variant(), allow_empt
     """Render, wrap in the chat template if any, tokenize, and locate every span in tokens."""
     text, shown, doc_chars, q_chars, name = render_text(example, variant, allow_empty)
     chat = uses_chat(tokenizer, variant)
+    prefix, suffix = "", ""
     if chat:
-        wrapped = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
-                                                add_generation_prompt=True)
-        prefix, _, suffix = wrapped.partition(_SENTINEL)
-        full = prefix + text + suffix
-        shift = len(prefix)
-    else:
-        full, shift = text, 0
+        prefix, _, suffix = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
+                                                          add_generation_prompt=True).partition(_SENTINEL)
+    full, shift = prefix + text + suffix, len(prefix)
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError("prompt manifests need a fast tokenizer (offset mapping); load the model's fast one.")
     enc = tokenizer(full, add_special_tokens=not chat, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    doc_spans = tuple(_char_to_token_span(offsets, s + shift, e + shift) for s, e in doc_chars)
-    q_spans = tuple(_char_to_token_span(offsets, s + shift, e + shift) for s, e in q_chars)
-    gold_index = next((i for i, d in enumerate(shown) if d.is_gold), None)
+    doc_chars = tuple((s + shift, e + shift) for s, e in doc_chars)
     manifest = Manifest(
-        doc_ids=tuple(d.id for d in shown), doc_spans=doc_spans,
-        doc_char_spans=tuple((s + shift, e + shift) for s, e in doc_chars), gold_index=gold_index,
-        question_spans=q_spans, num_tokens=len(ids),
-        sha256=hashlib.sha256(" ".join(map(str, ids)).encode()).hexdigest(),
+        doc_ids=tuple(d.id for d in shown), doc_spans=tuple(_char_to_token_span(offsets, s, e) for s, e in doc_chars),
+        doc_char_spans=doc_chars, gold_index=next((i for i, d in enumerate(shown) if d.is_gold), None),
+        question_spans=tuple(_char_to_token_span(offsets, s + shift, e + shift) for s, e in q_chars),
+        num_tokens=len(ids), sha256=hashlib.sha256(" ".join(map(str, ids)).encode()).hexdigest(),
         template=f"{'user' if variant.template_text is not None else variant.template}:{name}", chat=chat)
     return Prompt(example.id, full, tuple(ids), manifest)

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
-from ..types import Document, Example
+from ..types import Example
 
 
 def _check(num_examples: int, num_docs: int, min_docs: int = 2) -> None:
@@ -33,12 +33,11 @@ def kv_records(num_examples: int, num_keys: int, seed: int = 0) -> list[dict]:
     rng = random.Random(f"kv-{seed}")
     out = []
     for _ in range(num_examples):
-        pairs, seen = [], set()
-        while len(pairs) < num_keys:
+        stored: dict[str, str] = {}
+        while len(stored) < num_keys:
             k, v = seeded_uuid(rng), seeded_uuid(rng)
-            if k not in seen:
-                seen.add(k)
-                pairs.append([k, v])
+            stored.setdefault(k, v)  # a repeated key is drawn again
+        pairs = [[k, v] for k, v in stored.items()]
         key, value = pairs[rng.randrange(num_keys)]
         out.append({"ordered_kv_records": pairs, "key": key, "value": value})
     return out
@@ -156,11 +155,9 @@ def fictional_qa_records(num_examples: int, num_docs: int, seed: int = 0,
                 kinds[j] = adv
                 if adv == "outdated":
                     entities[j], titles[j] = gold, f"{gold} ({kind}) [version 1, {old}, superseded]"
-                elif adv == "other_region":
-                    entities[j] = f"{arng.choice(_REGION_PREFIXES)} {gold}"
+                else:  # other_region: a near-identical entity; contradicting: the gold's own
+                    entities[j] = f"{arng.choice(_REGION_PREFIXES)} {gold}" if adv == "other_region" else gold
                     titles[j] = f"{entities[j]} ({kind})"
-                else:
-                    entities[j], titles[j] = gold, f"{gold} ({kind})"
         ctxs = []
         for j, (e, a) in enumerate(zip(entities, answers)):
             sentences = [_filler(rng, e) for _ in range(max(0, sentences_per_doc - 1))]
@@ -184,9 +181,8 @@ def generate_fictional_qa(num_examples: int, num_docs: int, seed: int = 0,
     examples = []
     for i, obj in enumerate(fictional_qa_records(num_examples, num_docs, seed, sentences_per_doc, adversarial)):
         ex = qa_example_from_obj(obj, f"fqa-s{seed}-{i}", f"generated qa #{i}")
-        docs = tuple(Document(d.id, d.title, d.text, d.is_gold, d.score, c["answer"], c.get("kind"))
-                     for d, c in zip(ex.documents, obj["ctxs"]))
-        examples.append(Example(ex.id, ex.question, ex.answers, docs, "qa", ex.meta))
+        examples.append(replace(ex, documents=tuple(replace(d, answer=c["answer"], kind=c.get("kind"))
+                                                    for d, c in zip(ex.documents, obj["ctxs"]))))
     return examples
 
 
@@ -196,8 +192,7 @@ def write_jsonl(records: list[dict], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wt", encoding="utf-8") as fh:
-        for r in records:
-            fh.write(json.dumps(r) + "\n")
+        fh.writelines(json.dumps(r) + "\n" for r in records)
     return path
 
 

@@ -15,19 +15,17 @@ from ..errors import DataError
 from ..types import Document, Example
 
 
-def _open_text(path: Path):
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+def _check_file(path: Path) -> None:
+    if not path.is_file():
+        raise DataError(f"{path}: no such file. Run `python -m litm fetch liu2023` or pass the right path.")
 
 
 def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Yield (line number, object) for each non-blank line; a bad line is a DataError naming it."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file. Run `python -m litm fetch liu2023` or pass the right path.")
+    _check_file(path)
     try:
-        with _open_text(path) as fh:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
@@ -40,8 +38,6 @@ def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
                     raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}.")
                 yield lineno, obj
     except (OSError, EOFError, UnicodeDecodeError) as exc:
-        if isinstance(exc, DataError):
-            raise
         raise DataError(f"{path}: cannot be read ({exc}). The file may be corrupt: fetch it again.") from None
 
 
@@ -77,11 +73,9 @@ def qa_example_from_obj(obj: dict, example_id: str, where: str) -> Example:
         cw = f"{where} ctxs[{i}]"
         if not isinstance(ctx, dict):
             raise DataError(f"{cw}: expected an object.")
-        title = _require(ctx, "title", str, cw)
-        text = _require(ctx, "text", str, cw)
         is_gold = bool(ctx.get("isgold", False))
-        docs.append(Document(id=str(ctx.get("id", f"{example_id}-ctx{i}")), title=title, text=text,
-                             is_gold=is_gold, score=_score(ctx.get("score"), cw),
+        docs.append(Document(id=str(ctx.get("id", f"{example_id}-ctx{i}")), title=_require(ctx, "title", str, cw),
+                             text=_require(ctx, "text", str, cw), is_gold=is_gold, score=_score(ctx.get("score"), cw),
                              answer=answers[0] if is_gold else None))
     if not any(d.is_gold for d in docs):
         raise DataError(f"{where}: no ctx has \"isgold\": true; every example needs its gold document.")
@@ -96,21 +90,20 @@ def kv_example_from_obj(obj: dict, example_id: str, where: str) -> Example:
     value = _require(obj, "value", str, where)
     if not records:
         raise DataError(f"{where}: 'ordered_kv_records' is empty.")
-    docs, seen = [], set()
+    stored: dict[str, str] = {}
     for i, rec in enumerate(records):
         if not (isinstance(rec, (list, tuple)) and len(rec) == 2 and all(isinstance(x, str) for x in rec)):
             raise DataError(f"{where}: ordered_kv_records[{i}] is not a [key, value] pair of strings.")
         k, v = rec
-        if k in seen:
+        if k in stored:
             raise DataError(f"{where}: key {k!r} appears twice in ordered_kv_records.")
-        seen.add(k)
-        docs.append(Document(id=k, title=k, text=v, is_gold=(k == key), answer=v))
-    if key not in seen:
+        stored[k] = v
+    if key not in stored:
         raise DataError(f"{where}: the key {key!r} is not among ordered_kv_records (no gold pair).")
-    gold = next(d for d in docs if d.is_gold)
-    if gold.text != value:
+    if stored[key] != value:
         raise DataError(f"{where}: 'value' does not match the value stored with the key.")
-    return Example(id=example_id, question=key, answers=(value,), documents=tuple(docs), task="kv")
+    docs = tuple(Document(id=k, title=k, text=v, is_gold=(k == key), answer=v) for k, v in stored.items())
+    return Example(id=example_id, question=key, answers=(value,), documents=docs, task="kv")
 
 
 _BUILDERS = {"qa": qa_example_from_obj, "kv": kv_example_from_obj}
@@ -147,8 +140,7 @@ def stream_examples(path: str | Path, task: str, limit: int | None = None) -> It
     """Stream a large file through `datasets` (load_dataset("json", streaming=True))."""
     path = Path(path)
     _check_args(task, limit)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file. Run `python -m litm fetch liu2023` or pass the right path.")
+    _check_file(path)
     from datasets import load_dataset
 
     ds = load_dataset("json", data_files=str(path), split="train", streaming=True)
