@@ -30,9 +30,8 @@ def _worker(model: str) -> None:
 
 
 def _measure(model: str, cache: str) -> dict:
-    env = {**os.environ, "LITM_CACHE": cache}
-    out = subprocess.run([sys.executable, __file__, "--worker", model], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, __file__, "--worker", model], env={**os.environ, "LITM_CACHE": cache},
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

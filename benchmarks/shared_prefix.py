@@ -22,26 +22,23 @@ def main() -> int:
     import numpy as np
 
     import litm
-    from litm import prefix, runner
-    from litm.experiment import candidates, load_examples, prompt_for
+    from litm import runner
+    from litm.experiment import load_examples, prompt_for
+    from litm.runner import candidates
 
     lm = litm.load_model(args.model)
     positions = tuple(int(p) for p in args.positions.split(","))
-    cfg = litm.SweepConfig(task="qa", model=args.model, num_docs=args.docs, positions=positions,
-                           limit=args.examples)
-    prompts, cands, gold = [], [], []
-    for e in load_examples(cfg):
-        for p in positions:
-            prompts.append(prompt_for(e, "documents", p, cfg, lm.tokenizer))
-            c = candidates(e)
-            cands.append(c[0])
-            gold.append(c[1])
+    cfg = litm.SweepConfig(task="qa", model=args.model, num_docs=args.docs, positions=positions, limit=args.examples)
+    examples = load_examples(cfg)
+    prompts = [prompt_for(e, "documents", p, cfg, lm.tokenizer) for e in examples for p in positions]
+    choices = [candidates(e) for e in examples for _ in positions]
+    cands, gold = [c for c, _ in choices], [g for _, g in choices]
     runner.loglik(lm, prompts[:1], [cands[0][0]], 1)  # warm-up
     t0 = time.perf_counter()
     plain = runner.choice(lm, prompts, cands, gold, batch_size=1)
     t_plain = time.perf_counter() - t0
     t0 = time.perf_counter()
-    shared, stats = prefix.shared_choice(lm, prompts, cands, gold)
+    shared, stats = runner.shared_choice(lm, prompts, cands, gold)
     t_shared = time.perf_counter() - t0
     diff = max(float(np.max(np.abs(np.subtract(a.candidate_logliks, b.candidate_logliks))))
                for a, b in zip(plain, shared))

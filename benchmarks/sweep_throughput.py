@@ -24,7 +24,8 @@ def main() -> int:
 
     import litm
     from litm import runner
-    from litm.experiment import candidates, load_examples, prompt_for
+    from litm.experiment import load_examples, prompt_for
+    from litm.runner import candidates
 
     lm = litm.load_model(args.model)
     cfg = litm.SweepConfig(task="qa", model=args.model, num_docs=args.docs, positions=(args.docs // 2,),
@@ -32,7 +33,6 @@ def main() -> int:
     examples = load_examples(cfg)
     prompts = [prompt_for(e, "documents", args.docs // 2, cfg, lm.tokenizer) for e in examples]
     cands = [candidates(e) for e in examples]
-    tok = lm.tokenizer
 
     new_tokens = []
 
@@ -42,7 +42,7 @@ def main() -> int:
             with torch.inference_mode():
                 out = lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                         max_new_tokens=args.max_new_tokens, temperature=None, top_p=None,
-                                        top_k=None, pad_token_id=tok.pad_token_id)
+                                        top_k=None, pad_token_id=lm.tokenizer.pad_token_id)
             new_tokens.append(out.shape[1] - ids.shape[1])
 
     def prefill_only():

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from litm import attention as A
+from litm import attention_study as A
 from litm.errors import ConfigError, StatsError
 from litm.experiment import SweepConfig, docs_for_length, load_examples, prompt_for, sweep
 from litm.prompts import Variant, render

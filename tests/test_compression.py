@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from litm.compression import (CUT_MIN_TOKENS, STRATEGIES, compress, plan_budget, split_sentences, survival,
+from litm.compression import (CUT_MIN_TOKENS, METHODS, compress, plan_budget, split_sentences, survival,
                               word_surprisal)
 from litm.data import generate_fictional_qa
 from litm.errors import ConfigError, DataError
@@ -38,7 +38,7 @@ def test_budget_is_the_window_less_the_reserve_capped_by_the_ceiling(tiny_lm, ex
         plan_budget(tiny_lm, example, ceiling=b.fixed)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", METHODS)
 @pytest.mark.parametrize("slack", [10, 90, 250, 700])
 def test_every_strategy_respects_the_budget_exactly(tiny_lm, example, strategy, slack):
     budget = plan_budget(tiny_lm, example, ceiling=plan_budget(tiny_lm, example).fixed + slack)

@@ -10,6 +10,7 @@ import pytest
 from litm import diagnose as dg
 from litm.cli import main
 from litm.errors import ConfigError, DataError
+from litm.prompts import render
 from litm.types import Document, Example
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +107,7 @@ def test_prompt_length_stays_within_tolerance_across_placements(tiny_lm):
     tol = 0.01  # stated in the README: prompts of one case differ by at most 1% across placements and orders
     for case in dg.read_cases(SAMPLE):
         for variant in (dg.DiagnoseConfig().variant(), dg.DiagnoseConfig(template=str(TEMPLATE)).variant()):
-            lengths = [len(dg.render(t.example, tiny_lm.tokenizer, variant).input_ids)
+            lengths = [len(render(t.example, tiny_lm.tokenizer, variant).input_ids)
                        for t in dg.design(case) if t.condition == "documents"]
             assert (max(lengths) - min(lengths)) <= tol * min(lengths), (case.id, min(lengths), max(lengths))
 
@@ -152,16 +153,17 @@ def test_forced_choice_candidates_and_scores(tmp_path):
 
 # ----------------------------------------------------------------------------------------- verdict
 def _fake_run(tiny_lm, tmp_path, monkeypatch, cases, decide, **cfg):
-    """Run the whole pipeline on the tiny model's tokenizer with answers decided by `decide(trial)`."""
-    def fake_score(lm, trials, prompts, config):
-        out = []
-        for t, p in zip(trials, prompts):
-            right = p.manifest.gold_index is not None and decide(t)
-            out.append({"prediction": t.example.answers[0] if right else "no idea", "latency_s": 0.0,
-                        **dg.score_answer(t.example.answers[0] if right else "no idea", t.example, False)})
-        return out
+    """Run the whole pipeline on the tiny model's tokenizer with answers decided by `decide(item)`."""
+    from litm import study
+    from litm.runner import Scored
 
-    monkeypatch.setattr(dg, "_score", fake_score)
+    def outcome(self, item, scored):
+        right = item.prompt.manifest.gold_index is not None and decide(item)
+        answer = item.example.answers[0] if right else "no idea"
+        return {"prediction": answer, **dg.score_answer(answer, item.example, False)}
+
+    monkeypatch.setattr(study, "score", lambda lm, prompts, *a: [Scored(prediction="") for _ in prompts])
+    monkeypatch.setattr(dg.DiagnoseStudy, "outcome", outcome)
     config = dg.DiagnoseConfig(cases=str(_write(tmp_path, cases)), results_dir=str(tmp_path / "res"), progress=False,
                                n_boot=500, **cfg)
     return dg.diagnose(dg.run(config, tiny_lm), n_boot=500)
@@ -170,12 +172,12 @@ def _fake_run(tiny_lm, tmp_path, monkeypatch, cases, decide, **cfg):
 LAST = len(dg.DEPTHS) - 1
 CONSTRUCTED = {
     "gold missing from the prompt (packing or truncation, not position)":
-        (False, lambda t: True, {"max_prompt_tokens": "gold-cut"}),
-    "position sensitivity": (False, lambda t: t.placement in (0, LAST), {}),
-    "wrong everywhere (evidence, question or reasoning, not position)": (False, lambda t: False, {}),
+        (False, lambda it: True, {"max_prompt_tokens": "gold-cut"}),
+    "position sensitivity": (False, lambda it: it.fields["placement"] in (0, LAST), {}),
+    "wrong everywhere (evidence, question or reasoning, not position)": (False, lambda it: False, {}),
     "interference from a conflicting document":
-        (True, lambda t: not any(d.kind for d in dg.neighbours(t.example)), {}),
-    "length, not position": (False, lambda t: t.length == 1, {"lengths": (1, 2)}),
+        (True, lambda it: not any(d.kind for d in dg.neighbours(it.example)), {}),
+    "length, not position": (False, lambda it: it.fields["length"] == 1, {"lengths": (1, 2)}),
 }
 
 
@@ -184,8 +186,6 @@ def test_each_verdict_rule_fires_on_its_case_and_no_other(tiny_lm, tmp_path, mon
     adversarial, decide, cfg = CONSTRUCTED[rule]
     cases = [_case(i, adversarial=adversarial) for i in range(4)]
     if cfg.get("max_prompt_tokens") == "gold-cut":  # a budget that keeps three or four of the six documents
-        from litm.prompts import render
-
         ex = dg.read_cases(_write(tmp_path, cases[:1], "one.jsonl"))[0]
         cfg = {"max_prompt_tokens": len(render(Example(ex.id, ex.question, ex.answers, ex.documents[:3], "qa"),
                                                tiny_lm.tokenizer, dg.DiagnoseConfig().variant()).input_ids) + 2}

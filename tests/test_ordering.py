@@ -2,7 +2,7 @@
 import pytest
 
 from litm.errors import ConfigError
-from litm.ordering import (STRATEGIES, arrange, evidence_first, langchain, random_order, ranked_top_k, reorder,
+from litm.ordering import (ORDERINGS, arrange, evidence_first, langchain, random_order, ranked_top_k, reorder,
                            reverse, u_shape)
 from litm.types import Document, Example
 
@@ -66,7 +66,7 @@ def test_reorder_keeps_the_top_k_by_score_then_orders_them():
     assert [d.id for d in got.documents] == ["d2", "d1", "d5", "d4"]
     ev = [0, 0, 0, 0, 0, 1.0]  # d5 is the most evident
     assert [d.id for d in reorder(ex, scores, "evidence_first", k=4, evidence=ev).documents] == ["d5", "d2", "d4", "d1"]
-    assert set(STRATEGIES) == {"rank", "reverse", "u_shape", "langchain", "random", "evidence_first"}
+    assert set(ORDERINGS) == {"rank", "reverse", "u_shape", "langchain", "random", "evidence_first"}
 
 
 def test_bad_pools_and_scores_are_clear_errors():

@@ -7,9 +7,14 @@ import pytest
 from litm import SweepConfig, sweep
 from litm.cli import main
 from litm.errors import ConfigError, StatsError
-from litm.experiment import config_hash, depth_positions, grid, run_config
+from litm.experiment import Sweep, depth_positions, grid
 from litm.report import analyse, compare, load_results, write_report
 from litm.store import ResultStore
+from litm.study import config_hash
+
+# a run identity as `models.run_identity` gives it, for results written without a model
+IDENTITY = {"weights": {"kind": "test"}, "dtype": "float32", "device": "cpu", "attn_implementation": "sdpa",
+            "backend": "transformers"}
 
 
 def _synthetic(root, accuracy_by_position: dict, n: int = 60, seed: int = 0, **config):
@@ -18,7 +23,7 @@ def _synthetic(root, accuracy_by_position: dict, n: int = 60, seed: int = 0, **c
     base = SweepConfig(task="qa", positions=tuple(accuracy_by_position), limit=n, closedbook=False, oracle=False,
                        **config)
     for pos, acc in accuracy_by_position.items():
-        rc = run_config(base, "documents", pos)
+        rc = Sweep(base).run_config(IDENTITY, {"condition": "documents", "position": pos})
         store = ResultStore(root, config_hash(rc), rc)
         for i in range(n):
             store.append({"example_id": f"q{i}", "condition": "documents", "position": pos, "status": "ok",
@@ -52,6 +57,12 @@ def test_report_keeps_sweeps_apart(tmp_path):
     _synthetic(tmp_path / "r", {0: 0.5, 4: 0.5, 9: 0.5}, seed=2, num_docs=12)
     reports = analyse(load_results([tmp_path / "r"]), n_boot=500)
     assert len(reports) == 2 and {r.config["num_docs"] for r in reports} == {10, 12}
+    other = ResultStore(tmp_path / "r", "strategies1234ab", {**IDENTITY, "kind": "strategies"}, key="example_id",
+                        condition=("arrangement", "variant"))
+    other.append({"example_id": "q0", "condition": "rank|after", "position": None, "status": "ok", "correct": True})
+    assert len(analyse(load_results([tmp_path / "r"]), n_boot=500)) == 2, "another study's runs are not sweeps"
+    with pytest.raises(StatsError, match="no position-sweep records"):
+        load_results([other.dir])
 
 
 def test_compare_flags_a_regression_and_exits_nonzero(tmp_path, capsys):
@@ -129,3 +140,16 @@ def test_reports_read_stores_without_changing_them(tmp_path):
     df = load_results([root])
     assert len(df) == 30 and f.read_bytes() == before
     assert not df.duplicated(["config_hash", "example_id"]).any()
+
+
+def test_the_closing_sentence_names_the_middle_the_penalty_uses(tmp_path):
+    from litm.plots import describe_curve
+
+    df = load_results(_synthetic(tmp_path / "r", {0: 0.8, 3: 0.6, 6: 0.2, 9: 0.9}, n=40))
+    acc = {p: df[df.position == p].correct.mean() for p in (0, 3, 6, 9)}
+    text = describe_curve(df)
+    edges, middle = (acc[0] + acc[9]) / 2, (acc[3] + acc[6]) / 2  # four positions: the middle is the two central
+    assert (f"The edges (positions 1 and 10) average {100 * edges:.0f}% against {100 * middle:.0f}% in the middle "
+            "(positions 4 and 7).") in text
+    assert analyse(df, n_boot=200)[0].penalty.value == pytest.approx(edges - middle)
+    assert "weakest" not in text and f"{100 * min(acc[3], acc[6]):.0f}% in the middle" not in text

@@ -613,3 +613,27 @@ def test_proportion_interval_is_the_share_with_its_wilson_interval():
     assert proportion_interval([True, False, True, True]) == (0.75, *wilson_interval(3, 4))
     p, lo, hi = proportion_interval([])
     assert p != p and lo != lo and hi != hi  # nan for no values
+
+
+def test_cluster_bootstrap_resamples_whole_clusters_and_skips_draws_it_cannot_fit():
+    from litm.stats import cluster_bootstrap
+
+    clusters = np.array(["a", "a", "b", "b", "b", "c"])
+    y = np.array([1.0, 1.0, 0.0, 0.0, 0.0, 5.0])  # constant within each cluster
+    seen = []
+
+    def fit(idx):
+        seen.append(idx)
+        if set(clusters[idx]) == {"c"}:
+            return None  # a draw of only one cluster: skipped
+        return [y[idx].mean(), len(idx)]
+
+    draws = cluster_bootstrap(clusters, fit, n_boot=3000, seed=1)
+    for idx in seen:  # every drawn cluster comes whole: its rows all together, each as often as the cluster
+        counts = {c: int((clusters[idx] == c).sum()) for c in "abc"}
+        assert counts["a"] % 2 == 0 and counts["b"] % 3 == 0
+    assert len(seen) == 3000 and draws.shape[1] == 2
+    only_c = sum(set(clusters[i]) == {"c"} for i in seen)
+    assert len(draws) == 3000 - only_c and only_c > 0
+    # three draws among clusters of 2, 3 and 1 rows: 6 rows on average
+    assert np.mean([len(i) for i in seen]) == pytest.approx(2.0 * 3, rel=0.05)

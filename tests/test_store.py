@@ -11,8 +11,10 @@ import pytest
 
 from litm import SweepConfig, summarize, sweep
 from litm.errors import ConfigError, DataError
-from litm.experiment import config_hash, run_config
+from litm.experiment import Sweep
+from litm.models import run_identity
 from litm.store import ResultStore
+from litm.study import config_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,14 +56,16 @@ def test_corrupt_middle_line_and_foreign_manifest_are_errors(tmp_path):
         ResultStore(tmp_path, "abc", {"x": 2})
 
 
-def test_config_hash_ignores_run_settings_but_not_conditions():
+def test_config_hash_ignores_run_settings_but_not_conditions(tiny_lm):
+    def h(config, condition="documents", position=0):
+        return config_hash(Sweep(config).run_config(run_identity(tiny_lm), {"condition": condition, "position": position}))
+
     a = SweepConfig(task="kv", limit=5, batch_size=1)
-    b = SweepConfig(task="kv", limit=50, batch_size=8, results_dir="elsewhere")
-    assert config_hash(run_config(a, "documents", 0)) == config_hash(run_config(b, "documents", 0))
-    assert config_hash(run_config(a, "documents", 0)) != config_hash(run_config(a, "documents", 4))
-    assert config_hash(run_config(a, "documents", 0)) != config_hash(run_config(a, "oracle", None))
-    c = SweepConfig(task="kv", limit=5, seed=1)
-    assert config_hash(run_config(a, "documents", 0)) != config_hash(run_config(c, "documents", 0))
+    b = SweepConfig(task="kv", limit=50, batch_size=8, results_dir="elsewhere", progress=False, shard=(0, 2))
+    assert h(a) == h(b)
+    assert h(a) != h(a, "documents", 4)
+    assert h(a) != h(a, "oracle", None)
+    assert h(a) != h(SweepConfig(task="kv", limit=5, seed=1))
 
 
 @pytest.mark.parametrize("bad", [dict(limit=0), dict(positions=(10,)), dict(positions=(-1,)), dict(task="xx"),
@@ -126,14 +130,17 @@ def test_results_of_a_data_file_are_keyed_by_its_content(tiny_lm, tmp_path):
     a = write_jsonl(fictional_qa_records(2, 3, seed=5), tmp_path / "a" / "qa.jsonl")
     b = write_jsonl(fictional_qa_records(2, 3, seed=5), tmp_path / "b" / "copy.jsonl")
     c = write_jsonl(fictional_qa_records(2, 3, seed=6), tmp_path / "c" / "qa.jsonl")
-    h = [config_hash(run_config(SweepConfig(task="qa", data=str(p), num_docs=3, positions=(0,), limit=2), "documents", 0))
-         for p in (a, b, c)]
+    def h_of(path):
+        sweep_ = Sweep(SweepConfig(task="qa", data=str(path), num_docs=3, positions=(0,), limit=2))
+        return config_hash(sweep_.run_config(run_identity(tiny_lm), {"condition": "documents", "position": 0}))
+
+    h = [h_of(p) for p in (a, b, c)]
     assert h[0] != h[2], "other content, other results"
     assert h[0] != h[1], "the file name is part of the key"
     moved = tmp_path / "moved" / "qa.jsonl"
     moved.parent.mkdir()
     a.rename(moved)
-    assert config_hash(run_config(SweepConfig(task="qa", data=str(moved), num_docs=3, positions=(0,), limit=2), "documents", 0)) == h[0]
+    assert h_of(moved) == h[0]
 
 
 def _records(results: Path) -> dict:

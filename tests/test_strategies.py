@@ -9,7 +9,7 @@ import pytest
 from litm import prefix, strategies as S
 from litm.data import fictional_qa_records, generate_fictional_qa, shared_document_questions, write_jsonl
 from litm.errors import ConfigError, DataError
-from litm.experiment import candidates
+from litm.runner import candidates
 from litm.prompts import Variant, render
 from litm.types import Document, Example
 
@@ -207,7 +207,7 @@ def test_shared_prefix_choice_scores_as_the_plain_pass_and_prefills_each_prefix_
             cands.append(c[0])
             gold.append(c[1])
     plain = runner.choice(tiny_lm, prompts, cands, gold, batch_size=2)
-    shared, stats = prefix.shared_choice(tiny_lm, prompts, cands, gold)
+    shared, stats = runner.shared_choice(tiny_lm, prompts, cands, gold)
     for a, b in zip(plain, shared):
         np.testing.assert_allclose(a.candidate_logliks, b.candidate_logliks, atol=1e-4)
         assert a.gold_rank == b.gold_rank

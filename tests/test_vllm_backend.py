@@ -7,7 +7,9 @@ import pytest
 
 from litm.cli import main
 from litm.errors import ConfigError, ModelError
-from litm.experiment import SweepConfig, config_hash, run_config, sweep
+from litm.experiment import Sweep, SweepConfig, sweep
+from litm.models import run_identity
+from litm.study import config_hash
 from litm.vllm_backend import load_vllm
 
 
@@ -28,16 +30,6 @@ def test_vllm_backend_only_generates(capsys):
         SweepConfig(task="qa", backend="tgi")
     assert main(["sweep", "--task", "qa", "--backend", "vllm", "--scoring", "loglik", "--limit", "2"]) == 2
     assert "vllm backend generates" in capsys.readouterr().err
-
-
-def test_backend_enters_the_hash_only_when_not_the_default():
-    hf = SweepConfig(task="qa", scoring="generate")
-    assert "backend" not in run_config(hf, "documents", 0)  # earlier runs keep their folders
-    vl = SweepConfig(task="qa", scoring="generate", backend="vllm", tensor_parallel=4)
-    assert run_config(vl, "documents", 0)["backend"] == "vllm"
-    assert config_hash(run_config(vl, "documents", 0)) != config_hash(run_config(hf, "documents", 0))
-    tp1 = SweepConfig(task="qa", scoring="generate", backend="vllm", tensor_parallel=1)
-    assert run_config(tp1, "documents", 0) == run_config(vl, "documents", 0)
 
 
 @pytest.fixture
@@ -101,3 +93,16 @@ def test_vllm_sweep_gets_the_same_tokens_and_answers_as_transformers(fake_vllm, 
     assert [p.split("\n")[0] for p in hf["prediction"]] == list(vl["prediction"])
     assert list(hf["correct"]) == list(vl["correct"])
     assert set(vl["config_hash"]).isdisjoint(hf["config_hash"])  # the backends' results never mix
+
+
+def test_the_backend_is_part_of_the_run_identity(fake_vllm, tiny_model_dir, tiny_lm):
+    vm = load_vllm(str(tiny_model_dir), tensor_parallel_size=2)
+    hf_id, vl_id = run_identity(tiny_lm), run_identity(vm)
+    assert (hf_id["backend"], vl_id["backend"], vl_id["tensor_parallel"]) == ("transformers", "vllm", 2)
+    assert hf_id["weights"] == vl_id["weights"]  # the same directory, known by its content either way
+    cfg = SweepConfig(task="qa", scoring="generate")
+    cond = {"condition": "documents", "position": 0}
+    assert config_hash(Sweep(cfg).run_config(hf_id, cond)) != config_hash(Sweep(cfg).run_config(vl_id, cond))
+    # the config's backend only says what to load; the model's identity names the folder
+    vl_cfg = SweepConfig(task="qa", scoring="generate", backend="vllm", tensor_parallel=4)
+    assert Sweep(vl_cfg).run_config(vl_id, cond) == Sweep(cfg).run_config(vl_id, cond)

@@ -4,7 +4,8 @@ A registered attention function runs the stock SDPA kernel for the layer's outpu
 query rows only, forms the softmax rows from the same queries and keys (after rotary embedding, with the
 layer's scaling, causal and sliding-window masking, soft-capping where the architecture has it, and
 grouped-query heads expanded).  Rows are formed in chunks, so memory grows linearly with the prompt.
-Shapes follow DESIGN.md: `[layer, head, ...]`, layers and heads 0-based.
+Shapes are `[layer, head, ...]`, layers and heads 0-based.  The studies built on it (troughs, bias,
+calibrated relevance, attention beside outcomes) are in `attention_study`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import numpy as np
 from .errors import ConfigError
 from .models import LoadedModel
 from .prompts import Prompt
-from .types import Document
 
 IMPLEMENTATION = "litm_profile"
 # Architectures whose attention layers call the attention interface with (query, key, value, mask,
@@ -82,14 +82,6 @@ def _profile_attention(module, query, key, value, attention_mask, dropout=0.0, s
         w = w + attention_mask[:, :, :, : k.shape[-2]]
     w = torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
     return torch.matmul(w, v).transpose(1, 2).contiguous(), None
-
-
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(IMPLEMENTATION, _profile_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
 
 
 @dataclass(frozen=True)
@@ -159,11 +151,15 @@ def _queries(prompt: Prompt, queries) -> list[int]:
 
 @contextlib.contextmanager
 def _profiling(lm: LoadedModel):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
     model_type = getattr(lm.model.config, "model_type", None)
     if model_type not in SUPPORTED:
         raise ConfigError(f"attention profiles are not supported for model type {model_type!r}; supported: "
                           f"{', '.join(SUPPORTED)}.")
-    _register()
+    AttentionInterface.register(IMPLEMENTATION, _profile_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
     configs = list({id(c): c for c in (lm.model.config, lm.model.config.get_text_config())}.values())
     before = [c._attn_implementation for c in configs]
     for c in configs:
@@ -186,17 +182,14 @@ def profile(lm: LoadedModel, prompt: Prompt, queries="last", per_key: bool = Fal
         raise ConfigError("profile() needs a rendered Prompt with a manifest (litm.prompts.render).")
     names, labels = token_spans(prompt)
     rows = _queries(prompt, queries)
-    span_of = torch.as_tensor(labels, dtype=torch.long)
-    cfg = lm.model.config.get_text_config()
     with _profiling(lm):
-        _state.update(active=True, rows=torch.tensor(rows), span_of=span_of, n_spans=len(names), per_key=per_key,
-                      chunk=chunk, mass={}, per_key_out={})
+        _state.update(active=True, rows=torch.tensor(rows), span_of=torch.as_tensor(labels, dtype=torch.long),
+                      n_spans=len(names), per_key=per_key, chunk=chunk, mass={}, per_key_out={})
         with torch.inference_mode():
-            lm.model(input_ids=torch.tensor([prompt.input_ids], device=lm.device), use_cache=False,
-                     logits_to_keep=1)
-        layers = cfg.num_hidden_layers
-        mass = np.stack([_state["mass"][i] for i in range(layers)])
-        keys = np.stack([_state["per_key_out"][i] for i in range(layers)]) if per_key else None
+            lm.model(input_ids=torch.tensor([prompt.input_ids], device=lm.device), use_cache=False, logits_to_keep=1)
+        layers = range(lm.model.config.get_text_config().num_hidden_layers)
+        mass = np.stack([_state["mass"][i] for i in layers])
+        keys = np.stack([_state["per_key_out"][i] for i in layers]) if per_key else None
     return Profile(names, labels, tuple(rows), mass, keys)
 
 
@@ -219,281 +212,3 @@ def sinks(lm: LoadedModel, prompt: Prompt, chunk: int = 256) -> Sinks:
     (query rows formed in chunks, so memory stays linear in the prompt's length)."""
     prof = profile(lm, prompt, queries="all", per_key=True, chunk=chunk)
     return Sinks(prof.per_key[:, :, 0], prof.per_key[:, :, :4].sum(-1), prompt.manifest.num_tokens)
-
-
-# ----------------------------------------------------------------------------- studies over a sweep's prompts
-DUMMY_TEXT = "This passage is intentionally left blank; it says nothing about any person, place or thing."
-
-
-def dummy_document(task: str = "qa") -> Document:
-    """A content-free document (QA) or key-value pair (KV) for estimating positional bias."""
-    if task == "kv":
-        zeros = "00000000-0000-0000-0000-000000000000"
-        return Document(id="dummy", title=zeros, text=zeros)
-    return Document(id="dummy", title="Untitled", text=DUMMY_TEXT)
-
-
-def _check_window(lm: LoadedModel, prompt: Prompt) -> None:
-    if prompt.manifest.num_tokens > lm.window:
-        raise ConfigError(f"prompt {prompt.example_id} has {prompt.manifest.num_tokens} tokens, over the model's "
-                          f"window of {lm.window}; use fewer documents.")
-
-
-def _doc_rows(lm: LoadedModel, prompt: Prompt, queries, extra: dict, gold_index: int | None) -> dict:
-    """Head-averaged attention mass on each document of one prompt, per layer, as columns."""
-    _check_window(lm, prompt)
-    docs = profile(lm, prompt, queries=queries).documents.mean(axis=1)  # [layer, doc]
-    n_layers, n_docs = docs.shape
-    tokens = np.array([e - s for s, e in prompt.manifest.doc_spans])
-    out = {k: [v] * (n_layers * n_docs) for k, v in extra.items()}
-    out.update(prompt_sha256=[prompt.manifest.sha256] * (n_layers * n_docs),
-               prompt_tokens=[prompt.manifest.num_tokens] * (n_layers * n_docs),
-               doc_position=np.tile(np.arange(n_docs), n_layers), layer=np.repeat(np.arange(n_layers), n_docs),
-               doc_id=list(prompt.manifest.doc_ids) * n_layers,
-               is_gold=np.tile(np.arange(n_docs) == (-1 if gold_index is None else gold_index), n_layers),
-               doc_tokens=np.tile(tokens, n_layers), mass=docs.ravel(), per_token=(docs / tokens).ravel())
-    return out
-
-
-def _frame(parts: list[dict]):
-    import pandas as pd
-
-    return pd.concat([pd.DataFrame(p) for p in parts], ignore_index=True)
-
-
-def document_attention(lm: LoadedModel, config, queries="last", examples=None, progress: bool = True):
-    """Attention on every document of every prompt of a position sweep (`config`: a SweepConfig; its
-    examples, gold positions and template), one row per example, gold position, document and layer:
-    `mass` (head-averaged, from the `queries` tokens) and `per_token` (mass / the document's tokens).
-    The prompts are the sweep's own, so rows join its records on (example_id, position, prompt_sha256)."""
-    from tqdm.auto import tqdm
-
-    from .experiment import load_examples, prompt_for
-
-    examples = load_examples(config) if examples is None else list(examples)
-    if not examples or not config.positions:
-        raise ConfigError("document_attention needs at least one example and one gold position.")
-    jobs = [(e, p) for e in examples for p in config.positions]
-    parts = []
-    for e, p in tqdm(jobs, desc="attention", disable=not progress):
-        prompt = prompt_for(e, "documents", p, config, lm.tokenizer)
-        parts.append(_doc_rows(lm, prompt, queries, {"example_id": e.id, "position": p},
-                               prompt.manifest.gold_index))
-    return _frame(parts)
-
-
-def position_bias(lm: LoadedModel, config, examples=None, dummy: Document | None = None, queries="last",
-                  progress: bool = True):
-    """Positional attention bias (Hsieh et al. 2024, *Found in the Middle*): for each example and each
-    position k, the example's distractors with a content-free `dummy` document inserted at k (the same
-    number of documents as the sweep), and the attention the dummy gets there.  One row per example,
-    position and layer with `mass` and `per_token`.  Pass held-out examples to estimate the bias once
-    for a model and layout, instead of K extra passes per query as in the paper."""
-    from dataclasses import replace
-
-    from tqdm.auto import tqdm
-
-    from .experiment import load_examples
-    from .prompts import Variant, render
-
-    examples = load_examples(config) if examples is None else list(examples)
-    if not examples:
-        raise ConfigError("position_bias needs at least one example.")
-    variant = Variant(query_aware=config.query_aware, template=config.template, template_dir=config.data_dir,
-                      chat=config.chat)
-    parts = []
-    jobs = [(e, k) for e in examples for k in range(len(e.documents))]
-    for e, k in tqdm(jobs, desc="bias", disable=not progress):
-        d = dummy or dummy_document(e.task)
-        docs = [x for x in e.documents if not x.is_gold]
-        docs.insert(k, replace(d, is_gold=False))
-        prompt = render(replace(e, documents=tuple(docs)), lm.tokenizer, variant)
-        rows = _doc_rows(lm, prompt, queries, {"example_id": e.id}, None)
-        keep = rows["doc_position"] == k
-        parts.append({c: np.asarray(v)[keep] for c, v in rows.items()})
-    return _frame(parts).drop(columns=["is_gold", "doc_id"])
-
-
-def _layers(df, layers):
-    have = sorted(df["layer"].unique())
-    if layers is None:
-        return have
-    chosen = list(range(len(have)))[layers] if isinstance(layers, slice) else [int(x) for x in layers]
-    missing = sorted(set(chosen) - set(have))
-    if not chosen or missing:
-        raise ConfigError(f"layers {missing or chosen} are not in the table (it has layers 0..{max(have)}).")
-    return chosen
-
-
-def troughs(doc_att, value: str = "mass", layers=None, by_layer: bool = True, include_gold: bool = False):
-    """Mean attention on a document by its position (1-based `doc_position` + 1 is the document number),
-    with a t 95% interval over examples (each example's prompts averaged first, so examples count once).
-    Per layer when `by_layer`, else averaged over `layers`.  Distractors only unless `include_gold`:
-    the gold attracts attention for its content, which would mix relevance into the position curve."""
-    import pandas as pd
-
-    from .stats import mean_interval
-
-    d = doc_att[doc_att["layer"].isin(_layers(doc_att, layers))]
-    if not include_gold:
-        d = d[~d["is_gold"]]
-    keys = ["layer", "doc_position"] if by_layer else ["doc_position"]
-    per_example = d.groupby(keys + ["example_id"])[value].mean().reset_index()
-    rows = []
-    for key, g in per_example.groupby(keys):
-        m, lo, hi = mean_interval(g[value].to_numpy())
-        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "mean": m, "ci_low": lo,
-                     "ci_high": hi, "n": len(g)})
-    return pd.DataFrame(rows)
-
-
-def relevance_scores(doc_att, bias=None, layers=None, value: str = "per_token"):
-    """Each document's attention score in each prompt (mean of `value` over `layers`), and, with a
-    `position_bias` table, the calibrated score: that score minus the mean bias at its position."""
-    chosen = _layers(doc_att, layers)
-    keys = ["example_id", "position", "doc_position", "doc_id", "is_gold"]
-    s = doc_att[doc_att["layer"].isin(chosen)].groupby(keys)[value].mean().rename("vanilla").reset_index()
-    if bias is not None:
-        b = bias[bias["layer"].isin(chosen)].groupby("doc_position")[value].mean()
-        missing = sorted(set(s["doc_position"]) - set(b.index))
-        if missing:
-            raise ConfigError(f"the bias table has no estimate for document positions {missing}; estimate it "
-                              "with the same number of documents.")
-        s["bias"] = s["doc_position"].map(b)
-        s["calibrated"] = s["vanilla"] - s["bias"]
-    return s
-
-
-def recall_by_position(scores, ks=(1, 3)):
-    """Recall@k of the gold document when each prompt's documents are ranked by attention (vanilla and,
-    when present, calibrated), by gold position, with Wilson 95% intervals."""
-    import pandas as pd
-
-    from .stats import wilson_interval
-
-    methods = [m for m in ("vanilla", "calibrated") if m in scores]
-    rows = []
-    for method in methods:
-        rank = scores.groupby(["example_id", "position"])[method].rank(ascending=False, method="first")
-        gold = scores.assign(rank=rank)[scores["is_gold"]]
-        if gold.empty:
-            raise ConfigError("no gold document in the scores: recall needs the sweep's prompts.")
-        for pos, g in gold.groupby("position"):
-            for k in ks:
-                hit = int((g["rank"] <= k).sum())
-                lo, hi = wilson_interval(hit, len(g))
-                rows.append({"method": method, "position": int(pos), "k": k, "recall": hit / len(g),
-                             "ci_low": lo, "ci_high": hi, "n": len(g)})
-    return pd.DataFrame(rows)
-
-
-def join_outcomes(scores, records, score: str = "vanilla"):
-    """Each prompt's attention on its gold document (from `relevance_scores`) beside its sweep record
-    (correct, gold log-likelihood); the prompts must be the same ones (checked by prompt hash)."""
-    gold = scores[scores["is_gold"]][["example_id", "position", score]].rename(columns={score: "gold_attention"})
-    rec = records[(records["condition"] == "documents") & (records["status"] == "ok")]
-    rec = rec[["example_id", "position", "correct", "gold_loglik", "prompt_sha256"]].astype({"position": int})
-    joined = gold.merge(rec, on=["example_id", "position"], how="left", validate="one_to_one")
-    missing = joined["correct"].isna().sum()
-    if missing:
-        raise ConfigError(f"{missing} attention rows have no sweep record; run the sweep with the same config "
-                          "(examples and positions) first.")
-    return joined
-
-
-def check_same_prompts(doc_att, records) -> None:
-    """Raise unless every attention prompt is the prompt the sweep scored (same token hash)."""
-    a = doc_att.drop_duplicates(["example_id", "position"])[["example_id", "position", "prompt_sha256"]]
-    r = records[records["condition"] == "documents"][["example_id", "position", "prompt_sha256"]]
-    m = a.merge(r.astype({"position": int}), on=["example_id", "position"], how="inner", suffixes=("", "_sweep"))
-    bad = m[m["prompt_sha256"] != m["prompt_sha256_sweep"]]
-    if len(bad):
-        raise ConfigError(f"{len(bad)} prompts differ between the attention table and the sweep records "
-                          "(template, chat or data changed); use the sweep's own config for both.")
-
-
-def attention_and_accuracy(joined):
-    """By gold position: accuracy (Wilson 95%), mean attention on the gold (t 95%), and that attention
-    when the answer was right and when it was wrong, with their difference."""
-    import pandas as pd
-
-    from .stats import mean_interval, proportion_interval
-
-    rows = []
-    for pos, g in joined.groupby("position"):
-        ok = g["correct"].astype(bool)
-        acc, lo, hi = proportion_interval(ok)
-        m, alo, ahi = mean_interval(g["gold_attention"].to_numpy())
-        right, wrong = g.loc[ok, "gold_attention"], g.loc[~ok, "gold_attention"]
-        rows.append({"position": int(pos), "n": len(g), "accuracy": acc, "ci_low": lo, "ci_high": hi,
-                     "attention": m, "attention_ci_low": alo, "attention_ci_high": ahi,
-                     "attention_if_right": right.mean() if len(right) else float("nan"),
-                     "attention_if_wrong": wrong.mean() if len(wrong) else float("nan")})
-    return pd.DataFrame(rows)
-
-
-def attention_outcome_model(joined):
-    """Logistic GEE of correctness on the gold's attention (standardised) and the gold position (as a
-    category), clustered by question: does attention predict a right answer beyond position?  Returns
-    the odds ratio per standard deviation of attention with its 95% interval and p-value."""
-    import statsmodels.api as sm
-    import statsmodels.formula.api as smf
-
-    from .errors import StatsError
-
-    d = joined.dropna(subset=["correct", "gold_attention"])
-    sd = d["gold_attention"].std()
-    if d["example_id"].nunique() < 2 or d["correct"].nunique() < 2 or not sd > 0:
-        raise StatsError("the model needs at least two questions, right and wrong answers, and attention that "
-                         "varies.")
-    d = d.assign(y=d["correct"].astype(float), z=(d["gold_attention"] - d["gold_attention"].mean()) / sd,
-                 g=d["example_id"].astype(str), pos=d["position"].astype(int))
-    formula = "y ~ z + C(pos)" if d["pos"].nunique() > 1 else "y ~ z"
-    try:
-        fit = smf.gee(formula, "g", d, family=sm.families.Binomial(), cov_struct=sm.cov_struct.Exchangeable()).fit()
-    except (np.linalg.LinAlgError, ValueError) as err:
-        raise StatsError(f"the model could not be fitted on {len(d)} rows ({err}); use more questions.") from err
-    lo, hi = fit.conf_int().loc["z"]
-    return {"odds_ratio_per_sd": float(np.exp(fit.params["z"])), "ci_low": float(np.exp(lo)),
-            "ci_high": float(np.exp(hi)), "p_value": float(fit.pvalues["z"]), "n": len(d),
-            "questions": int(d["g"].nunique())}
-
-
-def sinks_by_length(lm: LoadedModel, config, lengths, progress: bool = True):
-    """Sinks (`sinks`) of one example's prompt at each target length in tokens (documents added from one
-    generated pool or the data file, the gold first): one row per length, layer and head."""
-    from dataclasses import replace
-
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from .experiment import docs_for_length, load_examples, prompt_for
-
-    sizes = {L: docs_for_length(config, lm.tokenizer, L) for L in lengths}
-    pool = max(sizes.values())
-    rows = []
-    for L in tqdm(list(lengths), desc="sinks", disable=not progress):
-        cfg = replace(config, num_docs=sizes[L], limit=1, positions=(0,),
-                      generate_docs=pool if config.data == "generated" else None)
-        prompt = prompt_for(load_examples(cfg)[0], "documents", 0, cfg, lm.tokenizer)
-        _check_window(lm, prompt)
-        s = sinks(lm, prompt)
-        layers, heads = s.first.shape
-        rows.append(pd.DataFrame({"target_length": L, "num_tokens": s.num_tokens,
-                                  "layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers),
-                                  "first": s.first.ravel(), "first_four": s.first_four.ravel()}))
-    return pd.concat(rows, ignore_index=True)
-
-
-def attention_scores(lm: LoadedModel, example, bias=None, layers=None, queries="question", variant=None,
-                     value: str = "per_token") -> np.ndarray:
-    """A retriever's scores from the model's own attention: each document of `example`, in its given order,
-    scored by its head-averaged attention (`value`: per token or total mass, averaged over `layers`) from
-    the `queries` tokens, minus the bias at its position when a `position_bias` table is given (the
-    calibrated relevance of Hsieh et al.).  Aligned with `example.documents`."""
-    from .prompts import Variant, render
-
-    prompt = render(example, lm.tokenizer, variant or Variant())
-    rows = _frame([_doc_rows(lm, prompt, queries, {"example_id": example.id, "position": -1}, None)])
-    s = relevance_scores(rows, bias, layers, value).sort_values("doc_position")
-    return s["calibrated" if bias is not None else "vanilla"].to_numpy()

@@ -9,28 +9,25 @@ from pathlib import Path
 from .errors import LitmError
 
 
-def _positions(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"positions must be comma-separated integers, got {text!r}") from None
-
-
-def _fractions(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"depths must be comma-separated fractions, got {text!r}") from None
+def _numbers(kind):
+    """An argparse type: comma-separated integers (`kind` int) or numbers (float), as a tuple."""
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(p) for p in text.split(",") if p.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {'integers' if kind is int else 'numbers'}, "
+                                             f"got {text!r}") from None
+    return parse
 
 
 def _shard(text: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
+        if 0 <= i < n:
+            return i, n
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a shard is i/n with 0 <= i < n, e.g. 0/4; got {text!r}") from None
-    if not 0 <= i < n:
-        raise argparse.ArgumentTypeError(f"a shard is i/n with 0 <= i < n, e.g. 0/4; got {text!r}")
-    return i, n
+        pass
+    raise argparse.ArgumentTypeError(f"a shard is i/n with 0 <= i < n, e.g. 0/4; got {text!r}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--data", default="generated", help="'generated' or a Liu et al. .jsonl(.gz) file")
     s.add_argument("--model", default="smollm2-135m", help="registry name, hub id, local directory or .gguf file")
     s.add_argument("--docs", type=int, default=10, help="documents (QA) or key-value pairs (KV) per prompt")
-    s.add_argument("--positions", type=_positions, default=(0, 4, 9), help="0-based gold positions, e.g. 0,4,9")
+    s.add_argument("--positions", type=_numbers(int), default=(0, 4, 9), help="0-based gold positions, e.g. 0,4,9")
     s.add_argument("--scoring", choices=["generate", "loglik", "choice"], default="choice")
     s.add_argument("--limit", type=int, default=50, help="number of examples")
     s.add_argument("--seed", type=int, default=0)
@@ -88,13 +85,13 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--second-model", default=None, help="run the same cases on this model too and compare")
     d.add_argument("--template", default=None, help="your prompt template: a file with {search_results} and {question}")
     d.add_argument("--scoring", choices=["generate", "choice"], default="generate")
-    d.add_argument("--depths", type=_fractions, default=(0.0, 0.25, 0.5, 0.75, 0.95),
+    d.add_argument("--depths", type=_numbers(float), default=(0.0, 0.25, 0.5, 0.75, 0.95),
                    help="relative depths of the gold in the document region, e.g. 0,0.25,0.5,0.75,0.95")
     d.add_argument("--orders", type=int, default=None,
                    help="distractor orders per placement (default: all rows of the Latin square, exact balance)")
-    d.add_argument("--seeds", type=_positions, default=(0, 1),
+    d.add_argument("--seeds", type=_numbers(int), default=(0, 1),
                    help="seeds of the distractor shuffle, each its own Latin square (default 0,1)")
-    d.add_argument("--lengths", type=_positions, default=(1,), help="e.g. 1,2: also run padded to twice the documents")
+    d.add_argument("--lengths", type=_numbers(int), default=(1,), help="e.g. 1,2: also run padded to twice the documents")
     d.add_argument("--adversarial", default="", help="add conflicting copies of each gold: outdated,other_region,contradicting")
     d.add_argument("--max-prompt-tokens", type=int, default=None, help="your pipeline's budget (documents packed in order)")
     d.add_argument("--no-cite", dest="cite", action="store_false", help="our template: do not ask for citations")

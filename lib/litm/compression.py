@@ -13,7 +13,7 @@ from .metrics import normalize_answer
 from .prompts import Variant, render
 from .types import Document, Example
 
-STRATEGIES = ("truncate", "drop_lowest", "extractive", "lm_prune", "abstractive")
+METHODS = ("truncate", "drop_lowest", "extractive", "lm_prune", "abstractive")
 CUT_MIN_TOKENS = 100  # truncate cuts the last document only when more than this many tokens remain
 
 
@@ -90,25 +90,22 @@ def _kept(original: Example, compressed: Example) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def _check(example: Example) -> None:
-    empty = [d.id for d in example.documents if not d.text.strip()]
-    if empty:
-        raise DataError(f"documents {empty[:5]} of example {example.id} are empty; drop them before compressing.")
-
-
 def _fits(lm, example: Example, variant: Variant, budget: Budget) -> bool:
     return _tokens(lm, example, variant) <= budget.total
+
+
+def _with_texts(example: Example, texts: Sequence[str]) -> Example:
+    """`example` with its documents' texts replaced by `texts`; documents left empty are dropped."""
+    return replace(example, documents=tuple(replace(d, text=t) for d, t in zip(example.documents, texts) if t))
 
 
 def _truncate(lm, example: Example, budget: Budget, variant: Variant) -> Example:
     kept: list[Document] = []
     for d in example.documents:
-        trial = replace(example, documents=tuple(kept + [d]))
-        if _fits(lm, trial, variant, budget):
+        if _fits(lm, replace(example, documents=tuple(kept + [d])), variant, budget):
             kept.append(d)
             continue
-        left = budget.total - _tokens(lm, replace(example, documents=tuple(kept)), variant)
-        if left > CUT_MIN_TOKENS:
+        if budget.total - _tokens(lm, replace(example, documents=tuple(kept)), variant) > CUT_MIN_TOKENS:
             sentences = split_sentences(d.text)
             lo, hi = 0, len(sentences)  # the most leading sentences that fit
             while lo < hi:
@@ -126,13 +123,12 @@ def _truncate(lm, example: Example, budget: Budget, variant: Variant) -> Example
 
 def _drop_lowest(lm, example: Example, budget: Budget, variant: Variant, scores: Sequence[float]) -> Example:
     order = sorted(range(len(example.documents)), key=lambda i: (scores[i], -i))  # least relevant first
-    keep = set(range(len(example.documents)))
-    for i in order:
-        if _fits(lm, replace(example, documents=tuple(d for j, d in enumerate(example.documents) if j in keep)),
-                 variant, budget):
-            break
-        keep.discard(i)
-    return replace(example, documents=tuple(d for j, d in enumerate(example.documents) if j in keep))
+    for t in range(len(order)):  # drop the t least relevant until the rest fits
+        dropped = set(order[:t])
+        out = replace(example, documents=tuple(d for j, d in enumerate(example.documents) if j not in dropped))
+        if _fits(lm, out, variant, budget):
+            return out
+    return replace(example, documents=())
 
 
 def _extractive(lm, example: Example, budget: Budget, variant: Variant, retriever: str = "bm25") -> Example:
@@ -146,12 +142,8 @@ def _extractive(lm, example: Example, budget: Budget, variant: Variant, retrieve
     chosen: set[int] = set()
 
     def build(sel: set[int]) -> Example:
-        docs = []
-        for i, d in enumerate(example.documents):
-            text = "".join(units[u][2] for u in sorted(sel) if units[u][0] == i).rstrip()
-            if text:
-                docs.append(replace(d, text=text))
-        return replace(example, documents=tuple(docs))
+        return _with_texts(example, ["".join(units[u][2] for u in sorted(sel) if units[u][0] == i).rstrip()
+                                     for i in range(len(example.documents))])
 
     for u in sorted(range(len(units)), key=lambda u: (-s[u], u)):  # most relevant sentence first
         if _fits(lm, build(chosen | {u}), variant, budget):
@@ -182,17 +174,17 @@ def word_surprisal(lm, question: str, text: str) -> list[tuple[str, float]]:
     with torch.inference_mode():
         logits = lm.model(input_ids=torch.tensor([ids], device=lm.device)).logits[0].float()
     logp = torch.log_softmax(logits[:-1], dim=-1).gather(-1, torch.tensor(ids[1:], device=lm.device)[:, None])[:, 0]
-    words = [(m.start(), m.end(), m.group()) for m in _WORD.finditer(text)]
-    out = [[w, 0.0] for _, _, w in words]
-    starts = [s for s, _, _ in words]
+    words = list(_WORD.finditer(text))
+    starts = [m.start() for m in words]
+    surprisal = [0.0] * len(words)
     for t in range(1, len(ids)):
         s, e = offsets[t]
         if e <= len(prefix) or e == s:
             continue
         k = bisect.bisect_right(starts, max(s, len(prefix)) - len(prefix)) - 1
         if k >= 0:
-            out[k][1] += -float(logp[t - 1])
-    return [(w, v) for w, v in out]
+            surprisal[k] -= float(logp[t - 1])
+    return [(m.group(), v) for m, v in zip(words, surprisal)]
 
 
 def _lm_prune(lm, example: Example, budget: Budget, variant: Variant, compressor=None, cache=None) -> Example:
@@ -205,20 +197,10 @@ def _lm_prune(lm, example: Example, budget: Budget, variant: Variant, compressor
     levels = sorted({v for doc in scored for _, v in doc})
 
     def build(threshold: float) -> Example:
-        docs = []
-        for d, words in zip(example.documents, scored):
-            text = "".join(w for w, v in words if v >= threshold).strip()
-            if text:
-                docs.append(replace(d, text=text))
-        return replace(example, documents=tuple(docs))
+        return _with_texts(example, ["".join(w for w, v in words if v >= threshold).strip() for words in scored])
 
-    lo, hi = 0, len(levels)  # the lowest threshold (most words) whose prompt fits; len(levels) keeps none
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _fits(lm, build(levels[mid]), variant, budget):
-            hi = mid
-        else:
-            lo = mid + 1
+    # the lowest threshold (most words) whose prompt fits; len(levels) keeps none
+    lo = bisect.bisect_left(range(len(levels)), True, key=lambda k: _fits(lm, build(levels[k]), variant, budget))
     return build(levels[lo]) if lo < len(levels) else replace(example, documents=())
 
 
@@ -248,8 +230,8 @@ def _abstractive(lm, example: Example, budget: Budget, variant: Variant, compres
         prompts.append(Prompt(d.id, text, tuple(ids), None))
     outs = generate(gen, prompts, max_new_tokens=per_doc, batch_size=4) if prompts else []
     written = {id(d): o.prediction.split("\n")[0].strip() for d, o in zip(todo, outs)}
-    docs = tuple(replace(d, text=_memo(cache, key(d), lambda d=d: written[id(d)])) for d in example.documents)
-    return _truncate(lm, replace(example, documents=tuple(d for d in docs if d.text)), budget, variant)
+    texts = [_memo(cache, key(d), lambda d=d: written[id(d)]) for d in example.documents]
+    return _truncate(lm, _with_texts(example, texts), budget, variant)
 
 
 def compress(lm, example: Example, budget: Budget, strategy: str, variant: Variant = Variant(),
@@ -267,9 +249,11 @@ def compress(lm, example: Example, budget: Budget, strategy: str, variant: Varia
     `compressor` is the LM that prunes or rewrites (default: `lm` itself); `cache`, a dict kept across calls,
     shares their per-document work between prompts that hold the same documents.
     """
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"unknown compression strategy {strategy!r}: use one of {', '.join(STRATEGIES)}.")
-    _check(example)
+    if strategy not in METHODS:
+        raise ConfigError(f"unknown compression strategy {strategy!r}: use one of {', '.join(METHODS)}.")
+    empty = [d.id for d in example.documents if not d.text.strip()]
+    if empty:
+        raise DataError(f"documents {empty[:5]} of example {example.id} are empty; drop them before compressing.")
     t0 = time.perf_counter()
     if strategy == "truncate":
         out = _truncate(lm, example, budget, variant)

@@ -3,16 +3,19 @@ compressed to each budget by each strategy, scored by forced choice among every 
 lost gold can only be guessed), and checked for whether its evidence survived."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import functools
+from dataclasses import dataclass
 
-from .compression import STRATEGIES, compress, plan_budget, survival
+from .compression import METHODS, compress, plan_budget, survival
+from .data import generate_fictional_qa
 from .errors import ConfigError
-from .experiment import candidates, config_hash
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .ordering import gold_at
 from .prompts import Variant, render
-from .runner import choice
-from .store import ResultStore
+from .retrieval import bm25_scores
+from .runner import target
+from .study import Item, Study
+from .types import Example
 
 NONE = "none"  # the uncompressed prompt, for reference
 
@@ -25,7 +28,7 @@ class CompressionConfig:
     num_docs: int = 10
     positions: tuple[int, ...] = (0, 4, 9)
     budgets: tuple[int, ...] = (250, 450)
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = METHODS
     reserve: int = 32
     limit: int = 3
     seed: int = 0
@@ -39,81 +42,75 @@ class CompressionConfig:
     def __post_init__(self):
         for name in ("positions", "budgets", "strategies"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        bad = [s for s in self.strategies if s not in STRATEGIES]
+        bad = [s for s in self.strategies if s not in METHODS]
         if bad:
-            raise ConfigError(f"unknown compression strategies {bad}: use {list(STRATEGIES)}.")
+            raise ConfigError(f"unknown compression strategies {bad}: use {list(METHODS)}.")
         bad = [p for p in self.positions if not 0 <= p < self.num_docs]
         if bad:
             raise ConfigError(f"gold positions {bad} are out of range for {self.num_docs} documents.")
         if not self.positions or self.limit < 1:
             raise ConfigError("give at least one gold position and a limit of at least 1.")
+        if self.num_docs < 2:
+            raise ConfigError("forced choice among one document's answer is always right (chance is 100%); use at "
+                              "least two documents.")
 
     def conditions(self) -> list[tuple[str, int | None, int]]:
         out = [(NONE, None, p) for p in self.positions]
         return out + [(s, b, p) for s in self.strategies for b in self.budgets for p in self.positions]
 
 
-_NOT_HASHED = {"limit", "batch_size", "results_dir", "progress", "positions", "budgets", "strategies"}
+class Compression(Study):
+    """The compression study on the one loop: a condition per strategy x budget x gold position, scored by
+    forced choice among every document's answer (compression cannot shrink the candidates)."""
+
+    kind = "compression"
+    listing = ("positions", "budgets", "strategies")
+    scoring = "choice"
+
+    def __init__(self, config: CompressionConfig, compressor: LoadedModel | None = None):
+        super().__init__(config)
+        self.compressor = compressor
+        self.cache: dict = {}  # LM strategies' per-document work, shared across gold positions
+        self.variant = Variant(template=config.template, chat=config.chat)
+
+    def hashed(self) -> dict:
+        return {**super().hashed(), "data": "generated-qa",
+                "compressor": self.compressor.name if self.compressor is not None else None}
+
+    def conditions(self) -> list[dict]:
+        return [{"strategy": s, "budget": b, "position": p} for s, b, p in self.config.conditions()]
+
+    @functools.cache
+    def units(self) -> list[Example]:
+        c = self.config
+        return generate_fictional_qa(c.limit, c.num_docs, c.seed, c.sentences_per_doc)
+
+    def prepare(self, lm, todo) -> None:
+        for b in self.config.budgets:  # a budget the model cannot hold fails before anything runs
+            plan_budget(lm, self.units()[0], self.variant, self.config.reserve, b)
+
+    def item(self, lm, condition: dict, example: Example) -> Item:
+        s, b, p = condition["strategy"], condition["budget"], condition["position"]
+        e = gold_at(example, p)
+        if s == NONE:
+            shown, extra = e, {"seconds": 0.0}
+        else:
+            budget = plan_budget(lm, e, self.variant, self.config.reserve, b)
+            scores = bm25_scores(e.question, e.documents) if s == "drop_lowest" else None
+            c = compress(lm, e, budget, s, self.variant, scores, self.compressor, self.cache)
+            shown, extra = c.example, {"seconds": round(c.seconds, 4),
+                                       "kept_docs": sum(k["status"] != "dropped" for k in c.kept)}
+        prompt = render(shown, lm.tokenizer, self.variant, allow_empty=True)
+        # position: where the gold was placed; gold_position (from survival): where it is after compression
+        fields = {"condition": f"{s}@{b}:{p}" if b else f"{s}:{p}", **condition, **survival(e, shown), **extra}
+        return Item(e.id, prompt, target(e, "choice"), fields)
 
 
 def run(config: CompressionConfig, model: LoadedModel | None = None, compressor: LoadedModel | None = None):
     """Run (or resume) every condition; one row per question, strategy, budget and gold position.
     LM strategies use `compressor` (default: the model itself); their per-document work is shared across
     gold positions, which only reorder the documents."""
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from .data import generate_fictional_qa
-    from .retrieval import bm25_scores
-
-    if model is not None and model.name != config.model:
-        config = replace(config, model=model.name)
-    lm = model or load_model(config.model)
-    variant = Variant(template=config.template, chat=config.chat)
-    examples = generate_fictional_qa(config.limit, config.num_docs, config.seed, config.sentences_per_doc)
-    for b in config.budgets:  # a budget the model cannot hold fails before anything runs
-        plan_budget(lm, examples[0], variant, config.reserve, b)
-    base = {k: v for k, v in asdict(config).items() if k not in _NOT_HASHED}
-    base.update(data="generated-qa", kind="compression",
-                compressor=(compressor or lm).name if compressor is not None else None)
-    stores = {}
-    for s, b, p in config.conditions():
-        rc = {**base, "strategy": s, "budget": b, "position": p}
-        stores[(s, b, p)] = ResultStore(config.results_dir, config_hash(rc), rc, lm.identity)
-    todo = [(c, e) for c in stores for e in examples if e.id not in stores[c]]
-    bar = tqdm(total=len(todo), desc="compression", disable=not config.progress or not todo)
-    cache: dict = {}
-    for (s, b, p), store in stores.items():
-        pending = [e for e in examples if e.id not in store]
-        for start in range(0, len(pending), config.batch_size):
-            chunk = [gold_at(e, p) for e in pending[start:start + config.batch_size]]
-            recs, prompts = [], []
-            for e in chunk:
-                if s == NONE:
-                    shown, extra = e, {"prompt_tokens": None, "seconds": 0.0}
-                else:
-                    budget = plan_budget(lm, e, variant, config.reserve, b)
-                    scores = bm25_scores(e.question, e.documents) if s == "drop_lowest" else None
-                    c = compress(lm, e, budget, s, variant, scores, compressor, cache)
-                    shown, extra = c.example, {"seconds": round(c.seconds, 4),
-                                               "kept_docs": sum(k["status"] != "dropped" for k in c.kept)}
-                prompt = render(shown, lm.tokenizer, variant, allow_empty=True)
-                extra["prompt_tokens"] = prompt.manifest.num_tokens
-                # position: where the gold was placed; gold_position (from survival): where it is after compression
-                recs.append({"example_id": e.id, "condition": f"{s}@{b}:{p}" if b else f"{s}:{p}", "position": p,
-                             "strategy": s, "budget": b, **survival(e, shown), **extra})
-                prompts.append(prompt)
-            cands = [candidates(e) for e in chunk]  # every document's answer: compression cannot shrink it
-            scored = choice(lm, prompts, [c[0] for c in cands], [c[1] for c in cands], config.batch_size)
-            for rec, sc in zip(recs, scored):
-                rec.update(status="ok", correct=sc.gold_rank == 1, gold_loglik=sc.gold_loglik,
-                           num_candidates=len(sc.candidate_logliks))
-                store.append(rec)
-                bar.update(1)
-    bar.close()
-    ids = [e.id for e in examples]
-    rows = [{**r, "model": config.model} for st in stores.values() for r in st.records(ids)]
-    return pd.DataFrame(rows)
+    return Compression(config, compressor).run(model or load_model(config.model))
 
 
 def summarize(df):

@@ -1,4 +1,5 @@
-"""Load a model by registry name, hub id, local directory or GGUF file; pick device and dtype.
+"""Load a model by registry name, hub id, local directory or GGUF file; pick device and dtype; say what
+identifies its results (`run_identity`).
 
 GGUF files are dequantised by transformers once (15-50 s) and cached as safetensors, keyed by the
 file's sha256, so later loads take seconds.  Set LITM_CACHE to move the cache.
@@ -13,6 +14,7 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlparse
@@ -44,12 +46,13 @@ REGISTRY = {
 
 @dataclass
 class LoadedModel:
-    """A model, its tokenizer, and where they came from."""
+    """A model, its tokenizer, and where they came from (`identity["weights"]` names the weights)."""
 
     model: object
     tokenizer: object
     name: str
     identity: dict = field(default_factory=dict)
+    backend: ClassVar[str] = "transformers"
 
     @property
     def device(self):
@@ -75,6 +78,53 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def local_weights(directory: Path) -> dict:
+    """A local model directory by content: sha256 of each file in it (config, tokenizer, weights; notes and
+    hidden files left out), cached by path, size and modification time under LITM_CACHE."""
+    cache_file = cache_root().parent / "file-hashes.json"
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: start afresh
+        cache = {}
+    files = {}
+    for f in sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".") and p.suffix != ".md"):
+        key = f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
+        files[f.name] = cache[key] = cache.get(key) or file_sha256(f)
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(cache))
+    os.replace(tmp, cache_file)
+    return {"kind": "local", "files": files}
+
+
+def hub_revision(name: str) -> str | None:
+    """The commit of a hub model in the local Hugging Face cache (None when it is not there)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(name, "config.json")
+    except Exception:
+        return None
+    return Path(path).parent.name if isinstance(path, str) else None
+
+
+def run_identity(lm) -> dict:
+    """Everything about a loaded model that changes its records besides the study's config: the weights,
+    the dtype, the device type, the attention implementation and the backend.  It joins every run's
+    hash, so runs that differ in any of them never share a results folder."""
+    ident = lm.identity
+    if not ident.get("weights"):
+        raise ModelError(f"model {lm.name!r} has no weights identity, so its results could not be told apart from "
+                         "another model's; load it with litm.load_model, or set identity['weights'].")
+    if lm.backend != "transformers":
+        return {"weights": ident["weights"], "dtype": ident.get("dtype"), "device": ident.get("device"),
+                "attn_implementation": lm.backend, "backend": lm.backend,
+                "tensor_parallel": ident.get("tensor_parallel_size", 1)}
+    return {"weights": ident["weights"], "dtype": str(lm.model.dtype).removeprefix("torch."),
+            "device": lm.device.type, "attn_implementation": lm.model.config._attn_implementation,
+            "backend": lm.backend}
 
 
 def registry_gguf(name: str) -> Path:
@@ -149,22 +199,25 @@ def resolve(name: str) -> tuple[str, dict]:
         gguf = registry_gguf(name)
         src = gguf_to_safetensors(gguf)
         meta = json.loads((src / "litm-source.json").read_text())
+        weights = {"kind": "registry", "package": REGISTRY[name].package,
+                   "package_version": metadata.version(REGISTRY[name].package), "gguf_sha256": meta["gguf_sha256"]}
         return str(src), {"kind": "registry", "name": name, "gguf": gguf.name, "gguf_sha256": meta["gguf_sha256"],
-                          "package": REGISTRY[name].package,
-                          "package_version": metadata.version(REGISTRY[name].package)}
+                          "package": weights["package"], "package_version": weights["package_version"],
+                          "weights": weights}
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelError(f"{path} is a file but not a .gguf model; pass a GGUF file or a model directory.")
         src = gguf_to_safetensors(path)
         meta = json.loads((src / "litm-source.json").read_text())
-        return str(src), {"kind": "gguf", "gguf": str(path), "gguf_sha256": meta["gguf_sha256"]}
+        return str(src), {"kind": "gguf", "gguf": str(path), "gguf_sha256": meta["gguf_sha256"],
+                          "weights": {"kind": "gguf", "gguf_sha256": meta["gguf_sha256"]}}
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} has no config.json; it is not a transformers model directory.")
-        return str(path), {"kind": "local", "path": str(path.resolve())}
+        return str(path), {"kind": "local", "path": str(path.resolve()), "weights": local_weights(path)}
     if _looks_like_hub_id(name):
-        return name, {"kind": "hub", "id": name}
+        return name, {"kind": "hub", "id": name, "weights": {"kind": "hub", "id": name, "revision": None}}
     known = ", ".join(sorted(REGISTRY))
     raise ModelError(f"unknown model {name!r}: use a registry name ({known}), a hub id such as "
                      "'Qwen/Qwen2.5-7B-Instruct', a local model directory, or a .gguf file.")
@@ -219,7 +272,10 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if identity["kind"] == "hub":  # the commit the weights came from, which a later push would change
+        identity["weights"]["revision"] = getattr(model.config, "_commit_hash", None) or hub_revision(name)
     identity.update({"dtype": str(torch_dtype).removeprefix("torch."), "device": str(dev),
+                     "attn_implementation": model.config._attn_implementation,
                      "architecture": type(model).__name__, "num_parameters": sum(p.numel() for p in model.parameters())})
     lm = LoadedModel(model, tokenizer, name, identity)
     if reuse:

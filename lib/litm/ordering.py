@@ -21,9 +21,8 @@ def with_num_documents(example: Example, num_docs: int) -> Example:
     if num_docs == n:
         return example
     gold = example.gold
-    keep = {id(d) for d in [d for d in example.documents if d is not gold][: num_docs - 1]}
-    docs = [d for d in example.documents if d is gold or id(d) in keep]
-    return replace(example, documents=tuple(docs))
+    keep = {id(gold)} | {id(d) for d in [d for d in example.documents if d is not gold][: num_docs - 1]}
+    return replace(example, documents=tuple(d for d in example.documents if id(d) in keep))
 
 
 def gold_at(example: Example, position: int) -> Example:
@@ -81,8 +80,8 @@ def evidence_first(ranked: Sequence, evidence: Sequence[float], m: int = 1) -> l
     return [ranked[i] for i in top] + [d for i, d in enumerate(ranked) if i not in top]
 
 
-STRATEGIES = {"rank": rank, "reverse": reverse, "u_shape": u_shape, "langchain": langchain,
-              "random": random_order, "evidence_first": evidence_first}
+ORDERINGS = {"rank": rank, "reverse": reverse, "u_shape": u_shape, "langchain": langchain,
+             "random": random_order, "evidence_first": evidence_first}
 
 
 def _check_scores(docs: Sequence, scores, what: str = "scores") -> None:
@@ -113,14 +112,14 @@ def ranked_top_k(documents: Sequence[Document], scores: Sequence[float], k: int 
 
 def arrange(ranked: Sequence, strategy: str, seed: int = 0, evidence: Sequence[float] | None = None,
             m: int = 1) -> list:
-    """Put a ranked list in prompt order with a named strategy (see `STRATEGIES`)."""
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"unknown ordering strategy {strategy!r}: use one of {', '.join(STRATEGIES)}.")
+    """Put a ranked list in prompt order with a named strategy (see `ORDERINGS`)."""
+    if strategy not in ORDERINGS:
+        raise ConfigError(f"unknown ordering strategy {strategy!r}: use one of {', '.join(ORDERINGS)}.")
     if strategy == "random":
         return random_order(ranked, seed)
     if strategy == "evidence_first":
         return evidence_first(ranked, evidence, m)
-    return STRATEGIES[strategy](ranked)
+    return ORDERINGS[strategy](ranked)
 
 
 def reorder(example: Example, scores: Sequence[float], strategy: str, k: int | None = None, seed: int = 0,

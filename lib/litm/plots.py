@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from .experiment import summarize
+from .stats import edges_and_middle
 
 FIGURES_DIR = Path(os.environ.get("LITM_FIGURES", "figures"))
 
@@ -15,11 +16,9 @@ def save_figure(fig, name: str, directory: str | Path | None = None) -> list[Pat
     """Save `fig` as `<directory>/<name>.png` and `.pdf` (directory: LITM_FIGURES or ./figures)."""
     d = Path(directory) if directory is not None else FIGURES_DIR
     d.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for ext in ("png", "pdf"):
-        p = d / f"{name}.{ext}"
+    paths = [d / f"{name}.{ext}" for ext in ("png", "pdf")]
+    for p in paths:
         fig.savefig(p, dpi=150, bbox_inches="tight")
-        paths.append(p)
     return paths
 
 
@@ -27,15 +26,24 @@ def _metric(df) -> str:
     return "accuracy" if df["correct"].notna().any() else "loglik"
 
 
+def _finish(fig, title: str | None, ax=None):
+    """Title the axes (or, without them, the figure), tighten the layout, return the figure."""
+    if title:
+        (ax.set_title if ax is not None else fig.suptitle)(title)
+    fig.tight_layout()
+    return fig
+
+
+def _new_axes(ax, size):
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=size) if ax is None else (ax.figure, ax)
+
+
 def position_curve(df, label_by: str | None = None, ax=None, title: str | None = None, chance: float | None = None):
     """Accuracy (Wilson 95%) or mean gold log-likelihood (t 95%) against the gold position (1-based),
     one line per value of `label_by`; closed-book and oracle drawn as dashed lines."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(6, 4))
-    else:
-        fig = ax.figure
+    fig, ax = _new_axes(ax, (6, 4))
     metric = _metric(df)
     y, lo, hi = (("accuracy", "ci_low", "ci_high") if metric == "accuracy"
                  else ("mean_loglik", "loglik_ci_low", "loglik_ci_high"))
@@ -63,16 +71,14 @@ def position_curve(df, label_by: str | None = None, ax=None, title: str | None =
         ax.set_xticks(xs)
     if metric == "accuracy":
         ax.set_ylim(-0.02, 1.02)
-    if title:
-        ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title, ax)
 
 
 def describe_curve(df) -> str:
-    """One sentence with the numbers behind a position curve (first, middle, last, baselines)."""
+    """One sentence with the numbers behind a position curve: each position, the baselines, and the edges
+    against the middle as the middle penalty defines them (`stats.edges_and_middle`)."""
     s = summarize(df)
     metric = "accuracy" if "accuracy" in s else "mean_loglik"
     docs = s[s["condition"] == "documents"].sort_values("position")
@@ -83,20 +89,22 @@ def describe_curve(df) -> str:
     if base:
         text += "; " + ", ".join(base)
     if len(docs) >= 3:
-        vals = docs[metric].to_numpy()
-        edges, middle = (vals[0] + vals[-1]) / 2, float(np.min(vals[1:-1]))
-        text += f". Edges average {fmt(edges)} against {fmt(middle)} at the weakest middle position."
+        value = dict(zip(docs["position"].astype(int), docs[metric]))
+        edges, middle = edges_and_middle(list(value))
+        names = " and ".join(str(p + 1) for p in middle)
+        text += (f". The edges (positions {edges[0] + 1} and {edges[1] + 1}) average "
+                 f"{fmt(np.mean([value[p] for p in edges]))} against {fmt(np.mean([value[p] for p in middle]))} in "
+                 f"the middle (position{'s' if len(middle) > 1 else ''} {names}).")
     return text
 
 
 def depth_length_heatmap(df, depths: int = 10, ax=None, title: str | None = None):
     """Needle-in-a-haystack style heatmap: rows are the gold's depth, columns the prompt length; cells are
     accuracy (or mean gold log-likelihood) at the position nearest that depth for that length."""
-    import matplotlib.pyplot as plt
     import pandas as pd
 
-    metric = _metric(df)
-    value = "correct" if metric == "accuracy" else "gold_loglik"
+    acc = _metric(df) == "accuracy"
+    value = "correct" if acc else "gold_loglik"
     ok = df[df["status"] == "ok"]
     lengths = sorted(ok["target_length"].unique())
     levels = [i / (depths - 1) for i in range(depths)]
@@ -106,38 +114,22 @@ def depth_length_heatmap(df, depths: int = 10, ax=None, title: str | None = None
         n = int(g["num_docs"].iloc[0])
         for d, label in zip(levels, cells.index):
             cells.loc[label, L] = g.loc[g["position"] == round(d * (n - 1)), value].astype(float).mean()
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(1.4 * len(lengths) + 2.5, 5))
-    else:
-        fig = ax.figure
-    cmap = "RdYlGn"
-    im = ax.imshow(cells.to_numpy(dtype=float), aspect="auto", cmap=cmap,
-                   vmin=0 if metric == "accuracy" else None, vmax=1 if metric == "accuracy" else None)
+    fig, ax = _new_axes(ax, (1.4 * len(lengths) + 2.5, 5))
+    im = ax.imshow(cells.to_numpy(dtype=float), aspect="auto", cmap="RdYlGn",
+                   vmin=0 if acc else None, vmax=1 if acc else None)
     ax.set_xticks(range(len(lengths)), [str(int(L)) for L in lengths])
     ax.set_yticks(range(depths), cells.index)
     ax.set_xlabel("Prompt length (target, tokens)")
     ax.set_ylabel("Depth of the gold document")
     for (i, j), v in np.ndenumerate(cells.to_numpy(dtype=float)):
         if not np.isnan(v):
-            ax.text(j, i, f"{100 * v:.0f}" if metric == "accuracy" else f"{v:.1f}", ha="center", va="center",
-                    fontsize=7)
-    fig.colorbar(im, ax=ax, label="Accuracy" if metric == "accuracy" else "Mean gold log-likelihood")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return fig
-
-
-def _new_axes(ax, size):
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        return plt.subplots(figsize=size)
-    return ax.figure, ax
+            ax.text(j, i, f"{100 * v:.0f}" if acc else f"{v:.1f}", ha="center", va="center", fontsize=7)
+    fig.colorbar(im, ax=ax, label="Accuracy" if acc else "Mean gold log-likelihood")
+    return _finish(fig, title, ax)
 
 
 def attention_heatmap(trough_table, ax=None, title: str | None = None):
-    """Layer x document-position heatmap from `attention.troughs(..., by_layer=True)`: each layer's
+    """Layer x document-position heatmap from `attention_study.troughs(..., by_layer=True)`: each layer's
     mean attention per document divided by that layer's mean over positions (1 = the layer's average),
     so the shape across positions shows in every layer whatever its scale."""
     from matplotlib.colors import TwoSlopeNorm
@@ -152,15 +144,12 @@ def attention_heatmap(trough_table, ax=None, title: str | None = None):
     ax.set_xlabel("Document position (1 = first)")
     ax.set_ylabel("Layer")
     fig.colorbar(im, ax=ax, label="Attention / the layer's mean over positions")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title, ax)
 
 
 def sink_strength(sink_table, ax=None, title: str | None = None):
     """Mean attention to token 0 (solid) and to the first four tokens (dashed) per layer, averaged over
-    heads, one colour per prompt length (from `attention.sinks_by_length`)."""
+    heads, one colour per prompt length (from `attention_study.sinks_by_length`)."""
     fig, ax = _new_axes(ax, (6.5, 4))
     for i, (n, g) in enumerate(sink_table.groupby("num_tokens")):
         by_layer = g.groupby("layer")[["first", "first_four"]].mean()
@@ -172,18 +161,14 @@ def sink_strength(sink_table, ax=None, title: str | None = None):
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title, ax)
 
 
 def sink_map(sink_table, num_tokens: int | None = None, ax=None, title: str | None = None):
     """Layer x head map of the mean attention to token 0 for one prompt length (the longest by default);
     heads above 0.5 (sinks) are marked with a dot."""
     n = int(sink_table["num_tokens"].max()) if num_tokens is None else num_tokens
-    g = sink_table[sink_table["num_tokens"] == n]
-    wide = g.pivot(index="layer", columns="head", values="first").sort_index()
+    wide = sink_table[sink_table["num_tokens"] == n].pivot(index="layer", columns="head", values="first").sort_index()
     fig, ax = _new_axes(ax, (0.35 * wide.shape[1] + 3, 0.16 * wide.shape[0] + 2))
     im = ax.imshow(wide.to_numpy(dtype=float), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=1)
     layer_idx, head_idx = np.nonzero(wide.to_numpy(dtype=float) > 0.5)
@@ -198,7 +183,7 @@ def sink_map(sink_table, num_tokens: int | None = None, ax=None, title: str | No
 
 
 def attention_and_accuracy_curves(table, title: str | None = None):
-    """Two panels from `attention.attention_and_accuracy`: attention on the gold document and accuracy,
+    """Two panels from `attention_study.attention_and_accuracy`: attention on the gold document and accuracy,
     each against the gold position with 95% intervals."""
     import matplotlib.pyplot as plt
 
@@ -214,15 +199,12 @@ def attention_and_accuracy_curves(table, title: str | None = None):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     a2.set_ylim(-0.02, 1.02)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
 
 
 def recall_curves(recall_table, title: str | None = None):
     """Recall@k of the gold document ranked by attention, vanilla against calibrated, by gold position
-    (one panel per k, Wilson 95% intervals), from `attention.recall_by_position`."""
+    (one panel per k, Wilson 95% intervals), from `attention_study.recall_by_position`."""
     import matplotlib.pyplot as plt
 
     ks = sorted(recall_table["k"].unique())
@@ -239,10 +221,7 @@ def recall_curves(recall_table, title: str | None = None):
         ax.set_ylabel(f"Recall@{k} of the gold by attention")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
 
 
 def strategy_accuracy(summary, title: str | None = None, chance: float | None = None):
@@ -253,9 +232,8 @@ def strategy_accuracy(summary, title: str | None = None, chance: float | None = 
     colors = ["grey" if a.startswith("gold@") else ("C1" if v != summary["variant"].iloc[0] else "C0")
               for a, v in zip(summary["arrangement"], summary["variant"])]
     acc = summary["accuracy"].to_numpy()
-    err = np.vstack([acc - summary["ci_low"].to_numpy(), summary["ci_high"].to_numpy() - acc])
-    for yi, a, e, c in zip(y, acc, err.T, colors):
-        ax.errorbar(a, yi, xerr=e[:, None], fmt="o", color=c, capsize=3)
+    for yi, a, lo, hi, c in zip(y, acc, summary["ci_low"], summary["ci_high"], colors):
+        ax.errorbar(a, yi, xerr=[[a - lo], [hi - a]], fmt="o", color=c, capsize=3)
     ax.axvline(acc[0], color="C0", linestyle="--", linewidth=1)
     if chance is not None:
         ax.axvline(chance, color="grey", linestyle="-.", linewidth=0.8, label="chance")
@@ -264,10 +242,7 @@ def strategy_accuracy(summary, title: str | None = None, chance: float | None = 
     ax.set_xlim(-0.02, 1.02)
     ax.set_xlabel("Accuracy (95% Wilson interval)")
     ax.grid(alpha=0.3, axis="x")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title, ax)
 
 
 def rank_placement_bars(placement, title: str | None = None):
@@ -288,10 +263,7 @@ def rank_placement_bars(placement, title: str | None = None):
     ax.set_ylabel("Share of prompts")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7, ncol=len(ranks), loc="upper center", bbox_to_anchor=(0.5, -0.22))
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title, ax)
 
 
 def accuracy_vs_reuse(layout_summary, title: str | None = None):
@@ -309,10 +281,7 @@ def accuracy_vs_reuse(layout_summary, title: str | None = None):
     ax.set_ylabel("Forced-choice accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title, ax)
 
 
 def accuracy_vs_kept_tokens(summary, title: str | None = None, chance: float | None = None):
@@ -332,31 +301,24 @@ def accuracy_vs_kept_tokens(summary, title: str | None = None, chance: float | N
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title, ax)
 
 
 def evidence_survival_bars(summary, title: str | None = None):
     """For each strategy and budget: how often the gold's answer sentence survived, and the accuracy with
     the evidence kept and with it lost (a lost-evidence error is a packing failure, not a position one)."""
     s = summary[summary["strategy"] != "none"]
-    labels = [f"{r.strategy}\n@{int(r.budget)}" for r in s.itertuples()]
     fig, ax = _new_axes(None, (0.75 * len(s) + 2.5, 4))
     x = np.arange(len(s))
     for j, (col, label) in enumerate((("evidence_survival", "evidence survived"),
                                       ("accuracy_evidence_kept", "accuracy, evidence kept"),
                                       ("accuracy_evidence_lost", "accuracy, evidence lost"))):
         ax.bar(x + (j - 1) * 0.27, s[col].fillna(0), 0.27, color=f"C{j}", label=label)
-    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_xticks(x, [f"{r.strategy}\n@{int(r.budget)}" for r in s.itertuples()], fontsize=7)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("Share")
     ax.legend(fontsize=7, loc="upper right")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title, ax)
 
 
 def position_curves_by_strategy(by_position, budget: int, title: str | None = None):
@@ -374,9 +336,7 @@ def position_curves_by_strategy(by_position, budget: int, title: str | None = No
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title(title or f"Position curves at a budget of {budget} tokens")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title or f"Position curves at a budget of {budget} tokens", ax)
 
 
 def diagnosis_curves(measures_by_model, title: str | None = None):
@@ -408,7 +368,4 @@ def diagnosis_curves(measures_by_model, title: str | None = None):
         a.set_ylim(-0.02, 1.02)
         a.grid(alpha=0.3)
         a.legend(fontsize=7, loc="best")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)

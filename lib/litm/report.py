@@ -3,31 +3,32 @@ which says whether two runs differ in their position profile (and can gate a CI 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from . import stats
 from .errors import StatsError
-from .experiment import config_hash, summarize, sweep_identity
+from .experiment import summarize
 from .store import read_records
+from .study import config_hash
 
-# Config fields that may differ between the two sides of a comparison without being said.
-_COMPARABLE = {"model", "chat"}
+# Config fields that may differ between the two sides of a comparison without being said: the model goes
+# with its weights.
+_COMPARABLE = {"model", "chat", "weights"}
 
 
 def _run_dirs(path: Path) -> list[Path]:
-    if (path / "manifest.json").is_file():
-        return [path]
-    return sorted(p.parent for p in path.glob("*/manifest.json"))
+    return [path] if (path / "manifest.json").is_file() else sorted(p.parent for p in path.glob("*/manifest.json"))
 
 
 def load_results(paths) -> "pd.DataFrame":
-    """Records of every run folder under `paths` (a run folder, or a folder of them), with its config.
+    """Records of every position-sweep run folder under `paths` (a run folder, or a folder of them), with
+    its config; the runs of other studies there (strategies, compression, diagnosis) are left out.
 
     Adds `config_hash` (the run) and `sweep_id` (the run's config without its condition: the runs of
-    one sweep share it).
+    one sweep share it).  Folders written before run configs held the model's run identity read the same.
     """
     import pandas as pd
 
@@ -40,14 +41,16 @@ def load_results(paths) -> "pd.DataFrame":
         for d in dirs:
             manifest = json.loads((d / "manifest.json").read_text())
             cfg = dict(manifest["config"])
-            sweep_cfg = sweep_identity(cfg)
+            if cfg.get("kind", "sweep") != "sweep":
+                continue
+            sweep_cfg = {k: v for k, v in cfg.items() if k not in ("condition", "position")}
             sid = config_hash(sweep_cfg)
             for r in read_records(d / "records.jsonl")[0]:
                 rows.append({**r, "model": cfg.get("model"), "task": cfg.get("task"),
                              "num_docs": cfg.get("num_docs"), "config_hash": d.name, "sweep_id": sid,
                              "sweep_config": json.dumps(sweep_cfg, sort_keys=True)})
     if not rows:
-        raise StatsError(f"no records under {', '.join(map(str, paths))}.")
+        raise StatsError(f"no position-sweep records under {', '.join(map(str, paths))}.")
     return pd.DataFrame(rows)
 
 
@@ -80,9 +83,8 @@ def analyse(df, n_boot: int = 10_000, seed: int = 0) -> list[SweepReport]:
             tests.append(stats.cochrans_q(table.values[:, cols]))
             if len(positions) >= 3:
                 _, middle = stats.edges_and_middle(positions)
-                first = stats.mcnemar_exact(table.column(positions[0]), table.column(middle[0]))
-                tests.append(stats.TestResult(f"McNemar exact: position {positions[0] + 1} vs {middle[0] + 1}",
-                                              first.statistic, first.p_value, first.detail))
+                test = stats.mcnemar_exact(table.column(positions[0]), table.column(middle[0]))
+                tests.append(replace(test, name=f"McNemar exact: position {positions[0] + 1} vs {middle[0] + 1}"))
         out.append(SweepReport(sid, json.loads(g["sweep_config"].iloc[0]), summarize(g), penalty, tests,
                                len(table.ids), table.dropped, value, sorted(g["config_hash"].unique())))
     return out
@@ -111,19 +113,16 @@ def to_markdown(reports: list[SweepReport]) -> str:
         lines += [f"## {c.get('task')} · {c.get('model')} · {c.get('num_docs')} documents · {c.get('scoring')}", "",
                   f"Sweep `{r.sweep_id}`; {r.n_questions} paired questions"
                   + (f" ({r.dropped} dropped: not scored under every condition)" if r.dropped else "") + ".", ""]
-        head = "| condition | n | too long | accuracy (%) | 95% CI |" if acc else \
-            "| condition | n | too long | mean gold log-lik | 95% CI |"
-        lines += [head, "| --- | ---: | ---: | ---: | --- |"]
+        lines += [f"| condition | n | too long | {'accuracy (%)' if acc else 'mean gold log-lik'} | 95% CI |",
+                  "| --- | ---: | ---: | ---: | --- |"]
         for row in r.summary.itertuples():
             v, lo, hi = _estimate(row, acc)
             lines.append(f"| {_cond_label(row)} | {row.n} | {row.too_long} | {_fmt(v, acc)} | "
                          f"[{_fmt(lo, acc)}, {_fmt(hi, acc)}] |")
         lines.append("")
-        if r.penalty:
-            p = r.penalty
-            unit = " points" if acc else " nats"
-            lines.append(f"Middle penalty (edges minus middle): {_fmt(p.value, acc)}{unit}, 95% CI "
-                         f"[{_fmt(p.low, acc)}, {_fmt(p.high, acc)}] (paired bootstrap over questions, "
+        if p := r.penalty:
+            lines.append(f"Middle penalty (edges minus middle): {_fmt(p.value, acc)}{' points' if acc else ' nats'}, "
+                         f"95% CI [{_fmt(p.low, acc)}, {_fmt(p.high, acc)}] (paired bootstrap over questions, "
                          f"{p.n_boot} draws; p = {p.p_value:.3g}).")
         for t in r.tests:
             lines.append(f"- {t.name}: statistic {t.statistic:.3g}, p = {t.p_value:.3g}")
@@ -143,8 +142,7 @@ def to_latex(reports: list[SweepReport]) -> str:
             v, lo, hi = _estimate(row, acc)
             out.append(f"{_cond_label(row)} & {row.n} & {_fmt(v, acc)} & [{_fmt(lo, acc)}, {_fmt(hi, acc)}] \\\\")
         out.append(r"\midrule")
-        if r.penalty:
-            p = r.penalty
+        if p := r.penalty:
             out.append(f"Middle penalty & {p.n} & {_fmt(p.value, acc)} & [{_fmt(p.low, acc)}, {_fmt(p.high, acc)}] \\\\")
         model = str(c.get("model")).replace("_", r"\_")
         tests = "; ".join(f"{t.name} $p={t.p_value:.3g}$" for t in r.tests)
@@ -157,6 +155,8 @@ def to_latex(reports: list[SweepReport]) -> str:
 
 def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, seed: int = 0) -> dict:
     """Analyse results and write report.md, report.tex and one position-curve figure per sweep."""
+    import matplotlib.pyplot as plt
+
     from .plots import position_curve, save_figure
 
     df = load_results(paths)
@@ -167,8 +167,6 @@ def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, s
     (out / "report.md").write_text(md)
     (out / "report.tex").write_text(tex)
     figures = []
-    import matplotlib.pyplot as plt
-
     for r in reports:
         g = df[df["sweep_id"] == r.sweep_id]
         fig = position_curve(g, title=f"{r.config.get('task')} - {r.config.get('model')}")
@@ -230,19 +228,16 @@ def compare_tables(ta: "stats.PairedTable", tb: "stats.PairedTable", name_a, nam
     if len(common) < 2:
         raise StatsError(f"A and B are not paired: {len(ta.ids)} and {len(tb.ids)} {what}, {len(common)} "
                          "in common. Run both on the same data, seed and limit.")
-    ia = [ta.ids.index(i) for i in common]
-    ib = [tb.ids.index(i) for i in common]
-    k = len(ta.conditions)
-    both = stats.PairedTable(tuple(common), tuple(("A", c) for c in ta.conditions) +
-                             tuple(("B", c) for c in tb.conditions),
-                             np.hstack([ta.values[ia], tb.values[ib]]))
-    positions = list(ta.conditions)
-    mean_change = stats.bootstrap(both, lambda m: m[..., k:].mean(-1) - m[..., :k].mean(-1), n_boot, seed, level)
-    penalty_change = None
-    if len(positions) >= 3:
-        penalty_change = stats.bootstrap(
-            both, lambda m: stats.penalty_from_means(m[..., k:], positions, positions)
-            - stats.penalty_from_means(m[..., :k], positions, positions), n_boot, seed, level)
+    k, positions = len(ta.conditions), list(ta.conditions)
+    both = stats.PairedTable(tuple(common), tuple((side, c) for side in "AB" for c in positions),
+                             np.hstack([t.values[[t.ids.index(i) for i in common]] for t in (ta, tb)]))
+
+    def change(statistic):  # B's statistic of the condition means minus A's
+        return stats.bootstrap(both, lambda m: statistic(m[..., k:]) - statistic(m[..., :k]), n_boot, seed, level)
+
+    mean_change = change(lambda m: m.mean(-1))
+    penalty_change = (change(lambda m: stats.penalty_from_means(m, positions, positions)) if len(positions) >= 3
+                      else None)
     worse = (penalty_change is not None and penalty_change.low > 0) or mean_change.high < 0
     better = (penalty_change is not None and penalty_change.high < 0) or mean_change.low > 0
     verdict = "regression" if worse else "improvement" if better else "no significant difference"

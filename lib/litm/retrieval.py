@@ -94,8 +94,7 @@ def dense_encoder(path: str | None = None, device: str = "cpu") -> DenseEncoder:
 def dense_scores(question: str, documents: Sequence[Document], encoder: DenseEncoder | None = None) -> np.ndarray:
     """Cosine similarity between the question and each document (title and text)."""
     docs = _check_pool(documents)
-    enc = encoder or dense_encoder()
-    vecs = enc.encode([question] + [_text(d) for d in docs])
+    vecs = (encoder or dense_encoder()).encode([question] + [_text(d) for d in docs])
     return vecs[1:] @ vecs[0]
 
 
@@ -117,4 +116,4 @@ def scores(example: Example, retriever: str, encoder: DenseEncoder | None = None
     if retriever == "data":
         return data_scores(example.documents)
     raise ConfigError(f"unknown retriever {retriever!r}: use one of {', '.join(RETRIEVERS)} (attention scores come "
-                      "from litm.attention.relevance_scores).")
+                      "from litm.attention_study.relevance_scores).")

@@ -1,18 +1,30 @@
-"""Batched forward passes over rendered prompts: greedy generation, gold log-likelihood, forced choice.
+"""Scoring: `score` is the one entry point every study and notebook scores prompts through, over batched
+forward passes (greedy generation, gold log-likelihood, forced choice; a prefix tree for forced choice
+over prompts that share beginnings).
 
 Prompts are sorted by length and left-padded in batches; position ids are computed from the padding
 mask so a padded row sees exactly the positions it would see alone.
+
+The tie rule of forced choice: a tie counts against the gold.  The gold's rank is 1 + the number of
+other candidates scoring at least as high, and a choice is right only when the gold scores strictly
+highest.  So accuracy stays a right/wrong outcome (Wilson intervals, McNemar and Cochran's Q stay exact)
+and a tie is never credited as knowledge; the price is a downward bias bounded by the share of ties.
 """
 from __future__ import annotations
 
 import copy
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
+from .errors import ConfigError
+from .metrics import best_subspan_em, kv_match
 from .models import LoadedModel
 from .prompts import Prompt
+from .types import Example
+
+SCORINGS = ("generate", "loglik", "choice")
 
 
 @dataclass(frozen=True)
@@ -21,9 +33,84 @@ class Scored:
 
     prediction: str | None = None
     gold_loglik: float | None = None
-    gold_rank: int | None = None  # 1 = the gold scored best among the candidates
+    gold_rank: int | None = None  # 1 = the gold scored best among the candidates (ties count against it)
     candidate_logliks: tuple[float, ...] | None = None
     latency_s: float = 0.0
+    correct: bool | None = None  # None under log-likelihood scoring
+    chosen: int | None = None  # forced choice: the candidate picked (a tie is never resolved for the gold)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one prompt is scored against: the accepted answers (log-likelihood scores the first; a
+    generation is right when it contains one, exactly for KV), and for forced choice the candidates and
+    the index of the right one."""
+
+    answers: tuple[str, ...]
+    task: str = "qa"
+    candidates: tuple[str, ...] | None = None
+    gold: int | None = None
+
+
+def candidates(example: Example) -> tuple[list[str], int]:
+    """Forced-choice candidates: the answers the documents support (each once, in order of first
+    appearance); returns them and the index of the gold's."""
+    answers = [d.answer for d in example.documents]
+    if any(a is None for a in answers):
+        raise ConfigError(f"example {example.id}: forced choice needs an answer per document (generated QA, "
+                          "or KV); use scoring='loglik' or 'generate' for this data.")
+    unique = list(dict.fromkeys(answers))
+    return unique, unique.index(example.gold.answer)
+
+
+def target(example: Example, scoring: str, choices: tuple[Sequence[str], int] | None = None) -> Target:
+    """The Target of an example under a scoring; forced choice takes `choices` (candidates, gold index) or
+    the answers of the example's documents, and refuses a single candidate (chance would be 100%)."""
+    if scoring != "choice":
+        return Target(tuple(example.answers), example.task)
+    cands, gold = choices or candidates(example)
+    if len(cands) < 2:
+        raise ConfigError(f"example {example.id}: forced choice among {len(cands)} candidate is always right "
+                          "(chance is 100%); give at least two documents with different answers, or use "
+                          "scoring='loglik' or 'generate'.")
+    return Target(tuple(example.answers), example.task, tuple(cands), gold)
+
+
+def score(lm, prompts: Sequence[Prompt], targets: Sequence[Target], scoring: str, batch_size: int = 4,
+          max_new_tokens: int = 100, shared_prefix: bool = False) -> list[Scored]:
+    """Score each prompt against its target: `generate` (greedy, right when an accepted answer is in the
+    first line), `loglik` (the first answer's log-likelihood) or `choice` (the candidates ranked by
+    log-likelihood; `shared_prefix` prefills the prompts' common beginnings once, same scores).  A vLLM
+    model (`--backend vllm`) generates only."""
+    if scoring not in SCORINGS:
+        raise ConfigError(f"unknown scoring {scoring!r}: use one of {SCORINGS}.")
+    if not prompts:
+        return []
+    if getattr(lm, "backend", "transformers") != "transformers":
+        if scoring != "generate":
+            raise ConfigError(f"a {lm.backend} model only generates; use scoring='generate'.")
+        out = lm.generate(prompts, max_new_tokens)
+    elif scoring == "loglik":
+        return loglik(lm, prompts, [t.answers[0] for t in targets], batch_size)
+    elif scoring == "choice":
+        cands, gold = [t.candidates for t in targets], [t.gold for t in targets]
+        return shared_choice(lm, prompts, cands, gold)[0] if shared_prefix else choice(lm, prompts, cands, gold,
+                                                                                         batch_size)
+    else:
+        out = generate(lm, prompts, max_new_tokens, batch_size)
+    return [replace(s, correct=kv_match(s.prediction, t.answers[0]) if t.task == "kv"
+                    else best_subspan_em(s.prediction, t.answers)) for s, t in zip(out, targets)]
+
+
+def needed_tokens(lm, prompt: Prompt, target: Target | None, scoring: str, max_new_tokens: int = 100) -> int:
+    """Tokens the scoring needs in the model's window: the prompt plus the longest candidate, the answer or
+    `max_new_tokens` (the prompt alone without a target)."""
+    if target is None:
+        return len(prompt.input_ids)
+    if scoring == "generate":
+        return len(prompt.input_ids) + max_new_tokens
+    answers = target.candidates if scoring == "choice" else target.answers[:1]
+    return len(prompt.input_ids) + max(len(_cont_ids(lm, prompt, a)) for a in answers)
 
 
 def _batches(lengths: Sequence[int], batch_size: int):
@@ -105,9 +192,13 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
 
 
 def choice_result(scores: Sequence[float], gold: int, latency_s: float = 0.0) -> Scored:
-    """A forced choice's outcome: the gold's rank among the candidates (ties count against the gold)."""
+    """A forced choice's outcome under the tie rule (module docstring): the gold's rank, whether it is
+    right, and the candidate picked (the first best one that is not the gold, when the gold only ties)."""
+    best = max(scores)
     rank = 1 + sum(1 for j, v in enumerate(scores) if j != gold and v >= scores[gold])
-    return Scored(gold_loglik=scores[gold], gold_rank=rank, candidate_logliks=tuple(scores), latency_s=latency_s)
+    chosen = next((j for j, v in enumerate(scores) if v == best and j != gold), gold)
+    return Scored(gold_loglik=scores[gold], gold_rank=rank, candidate_logliks=tuple(scores), latency_s=latency_s,
+                  correct=rank == 1, chosen=chosen)
 
 
 def _plain_layers(cache) -> bool:
@@ -172,7 +263,8 @@ def candidate_scores(lm: LoadedModel, cache, prefix_mask, first_logp, cands: lis
     return scores
 
 
-def _scores_from_copies(lm: LoadedModel, cache, row: int, prefix_mask, first_logp, cands: list[list[int]]) -> list[float]:
+def _scores_from_copies(lm: LoadedModel, cache, row: int, prefix_mask, first_logp,
+                        cands: list[list[int]]) -> list[float]:
     """`candidate_scores` for one row by copying the cache once per candidate (any cache type)."""
     import torch
 
@@ -194,6 +286,79 @@ def _scores_from_copies(lm: LoadedModel, cache, row: int, prefix_mask, first_log
                           use_cache=True, **{_cache_kwarg(lm.model): cache}).logits
     lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
     return (scores + (lp * mask[:, 1:]).sum(-1)).tolist()
+
+
+@dataclass(frozen=True)
+class TreeStats:
+    prompts: int
+    total_tokens: int  # what prefilling every prompt on its own costs
+    prefill_tokens: int  # what the prefix tree prefills: each shared prefix once
+
+    @property
+    def saving(self) -> float:
+        return self.total_tokens / self.prefill_tokens if self.prefill_tokens else float("nan")
+
+
+def _tree(seqs: list[tuple[int, ...]], idx: list[int], depth: int):
+    """Children of a trie node at `depth`: (segment end, prompt indices ending here, grandchildren)."""
+    groups: dict[int, list[int]] = {}
+    for i in idx:
+        if len(seqs[i]) > depth:
+            groups.setdefault(seqs[i][depth], []).append(i)
+    out = []
+    for members in groups.values():
+        end = depth + 1
+        while True:  # extend the segment while every member continues with the same token
+            if any(len(seqs[i]) <= end for i in members) or len({seqs[i][end] for i in members}) > 1:
+                break
+            end += 1
+        out.append((end, [i for i in members if len(seqs[i]) == end], _tree(seqs, members, end)))
+    return out
+
+
+def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, TreeStats]:
+    """Forced choice over `prompts` with a prefix tree: every shared prefix (the instruction, the documents
+    before the gold in a position sweep) is prefilled once and branched by copying its KV cache; each
+    prompt's candidates are then scored from its own cache.  Same scores as `runner.choice`."""
+    import torch
+
+    seqs = [tuple(p.input_ids) for p in prompts]
+    kw = _cache_kwarg(lm.model)
+    out: list = [None] * len(prompts)
+    prefilled = 0
+
+    def forward(ids, cache, start):
+        pos = torch.arange(start, start + len(ids), device=lm.device)[None]
+        extra = {kw: cache} if cache is not None else {}
+        res = lm.model(input_ids=torch.tensor([list(ids)], device=lm.device), position_ids=pos, use_cache=True,
+                       logits_to_keep=1, **extra)
+        return res["cache"] if "cache" in res else res["past_key_values"], res.logits[0, -1].float()
+
+    def score(i, cache, last):
+        cands = [_cont_ids(lm, prompts[i], a) for a in candidates[i]]
+        out[i] = choice_result(candidate_scores(lm, cache, torch.ones((1, len(seqs[i])), dtype=torch.long),
+                                                torch.log_softmax(last, -1)[None], [cands])[0], gold[i])
+
+    def walk(children, cache, depth):
+        nonlocal prefilled
+        for k, (end, ending, grand) in enumerate(children):
+            last_child = k == len(children) - 1
+            base = cache if last_child or cache is None else copy.deepcopy(cache)
+            seg = seqs[ending[0] if ending else _first(grand)][depth:end]
+            prefilled += len(seg)
+            new_cache, last = forward(seg, base, depth)
+            for i in ending:
+                score(i, new_cache, last)
+            if grand:
+                walk(grand, new_cache, end)
+
+    def _first(children):
+        end, ending, grand = children[0]
+        return ending[0] if ending else _first(grand)
+
+    with torch.inference_mode():
+        walk(_tree(seqs, list(range(len(seqs))), 0), None, 0)
+    return out, TreeStats(len(seqs), sum(len(s) for s in seqs), prefilled)
 
 
 def generate(lm: LoadedModel, prompts: Sequence[Prompt], max_new_tokens: int = 100,

@@ -42,9 +42,7 @@ def mean_interval(values, level: float = 0.95) -> tuple[float, float, float]:
     from scipy import stats as st
 
     x = np.asarray(values, dtype=float)
-    if x.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    m = float(x.mean())
+    m = float(x.mean()) if x.size else float("nan")
     if x.size < 2:
         return m, float("nan"), float("nan")
     half = float(st.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
@@ -153,6 +151,23 @@ def estimate_from_draws(point: float, boot: np.ndarray, n: int, level: float = 0
     return Estimate(float(point), float(low), float(high), float(p), n, len(boot), level)
 
 
+def cluster_bootstrap(clusters, fit: Callable[[np.ndarray], Sequence[float] | None], n_boot: int = 2000,
+                      seed: int = 0) -> np.ndarray:
+    """Bootstrap over clusters (e.g. each case's prompts resampled together): every draw picks the clusters
+    with replacement and calls `fit` on the row indices of the drawn clusters; `fit` returns the statistics,
+    or None for a draw it cannot fit, which is skipped.  Returns the draws that fit, [draws, statistics]."""
+    clusters = np.asarray(clusters)
+    ids = sorted(set(clusters.tolist()))
+    index = {c: np.flatnonzero(clusters == c) for c in ids}
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(n_boot):
+        value = fit(np.concatenate([index[c] for c in rng.choice(ids, size=len(ids))]))
+        if value is not None:
+            draws.append(value)
+    return np.array(draws, dtype=float).reshape(len(draws), -1)
+
+
 def edges_and_middle(positions: Sequence[int]) -> tuple[list[int], list[int]]:
     """The first and last positions, and the middle one (the two central ones for an even count)."""
     ps = sorted(positions)
@@ -223,8 +238,7 @@ def cochrans_q(values) -> TestResult:
     n, k = x.shape
     if k < 2:
         raise StatsError("Cochran's Q needs at least two conditions.")
-    col, row = x.sum(axis=0), x.sum(axis=1)
-    total = x.sum()
+    col, row, total = x.sum(axis=0), x.sum(axis=1), x.sum()
     denom = k * total - (row ** 2).sum()
     q = 0.0 if denom == 0 else float((k - 1) * (k * (col ** 2).sum() - total ** 2) / denom)
     return TestResult("Cochran's Q", q, float(chi2.sf(q, k - 1)), {"df": k - 1, "n": n})
@@ -249,8 +263,7 @@ def position_length_model(df, depth: str = "gold_rel_depth", length: str = "prom
     d = pd.DataFrame({"y": d["correct"].astype(float), "depth": d[depth].astype(float) - 0.5,
                       "length_k": d[length].astype(float) / 1000.0, "g": d[cluster].astype(str)})
     formula = "y ~ depth * length_k" + (" + I(depth ** 2) + I(depth ** 2):length_k" if quadratic else "")
-    fit = smf.gee(formula, "g", d, family=sm.families.Binomial(),
-                  cov_struct=sm.cov_struct.Exchangeable()).fit()
+    fit = smf.gee(formula, "g", d, family=sm.families.Binomial(), cov_struct=sm.cov_struct.Exchangeable()).fit()
     ci = fit.conf_int()
     table = pd.DataFrame({"estimate": fit.params, "se": fit.bse, "z": fit.tvalues, "p": fit.pvalues,
                           "ci_low": ci[0], "ci_high": ci[1]})
@@ -270,11 +283,9 @@ def questions_needed(penalty: float, sd: float, alpha: float = 0.05, power: floa
         raise StatsError("need a non-zero penalty and a positive standard deviation.")
     d = abs(penalty) / sd
 
-    def achieved(n: int) -> float:
-        df = n - 1
-        crit = st.t.ppf(1 - alpha / 2, df)
-        nc = d * math.sqrt(n)
-        return float(st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc))
+    def achieved(n: int) -> float:  # power of the two-sided test with n questions (n - 1 df)
+        crit, nc = st.t.ppf(1 - alpha / 2, n - 1), d * math.sqrt(n)
+        return float(st.nct.sf(crit, n - 1, nc) + st.nct.cdf(-crit, n - 1, nc))
 
     n = max(2, math.ceil(((st.norm.ppf(1 - alpha / 2) + st.norm.ppf(power)) / d) ** 2))
     while achieved(n) < power:

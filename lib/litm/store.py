@@ -1,7 +1,8 @@
 """Append-only, resumable results: one JSONL file of records per run config, beside a manifest.
 
-A record is written as one line and flushed to disk before the next example starts.  A run killed
-mid-write leaves at most one truncated last line, which is dropped (and its example redone) on reopen.
+A run folder appears with its first record.  A record is written as one line and flushed to disk before
+the next example starts.  A run killed mid-write leaves at most one truncated last line, which is dropped
+(and its example redone) on reopen.
 """
 from __future__ import annotations
 
@@ -34,14 +35,8 @@ def environment() -> dict:
             "git_commit": commit}
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def read_records(path: Path) -> tuple[list[dict], int]:
-    """The records of a records.jsonl (first one per example id) and the byte length of its complete
+def read_records(path: Path, key: str = "example_id") -> tuple[list[dict], int]:
+    """The records of a records.jsonl (the first one per `key`) and the byte length of its complete
     lines; a last line cut short by a kill is left out.  A corrupt complete line is a DataError."""
     if not path.exists():
         return [], 0
@@ -56,58 +51,59 @@ def read_records(path: Path) -> tuple[list[dict], int]:
         except json.JSONDecodeError:
             raise DataError(f"{path}:{lineno}: corrupt record (not JSON). Delete that line or the "
                             "folder to redo those examples.") from None
-        records.setdefault(rec["example_id"], rec)
+        records.setdefault(rec[key], rec)
     return list(records.values()), end
 
 
 class ResultStore:
-    """Records of one run config, keyed by example id, in `<root>/<config hash>/records.jsonl`."""
+    """Records of one run config in `<root>/<config hash>/records.jsonl`, one per `key` (an example id, or
+    a trial id where one example gives several prompts).  The manifest also names the run config's
+    `condition` fields: what its runs of one study do not share."""
 
-    def __init__(self, root: str | Path, config_hash: str, config: dict, model_identity: dict | None = None):
+    def __init__(self, root: str | Path, config_hash: str, config: dict, model_identity: dict | None = None,
+                 key: str = "example_id", condition: tuple[str, ...] = ("condition", "position")):
+        self.key = key
         self.dir = Path(root) / config_hash
         self.path = self.dir / "records.jsonl"
         self.manifest_path = self.dir / "manifest.json"
-        self.dir.mkdir(parents=True, exist_ok=True)
         if self.manifest_path.is_file():
             old = json.loads(self.manifest_path.read_text(encoding="utf-8"))
             if old.get("config") != config:
                 raise DataError(f"{self.manifest_path}: holds results of another config with the same hash; "
                                 "move that folder away.")
-        else:
-            _atomic_write(self.manifest_path, json.dumps(
-                {"config_hash": config_hash, "config": config, "model": model_identity or {},
-                 "environment": environment()}, indent=2, sort_keys=True))
-        self._records: dict[str, dict] = {}
-        self._load()
-
-    def _load(self) -> None:
-        records, end = read_records(self.path)
+        self._manifest = {"config_hash": config_hash, "config": config, "model": model_identity or {}, "key": key,
+                          "condition": list(condition)}
+        records, end = read_records(self.path, key)
         if self.path.exists() and end < self.path.stat().st_size:
             with open(self.path, "r+b") as fh:  # a write was cut short: drop it, its example is redone
                 fh.truncate(end)
-        self._records = {r["example_id"]: r for r in records}
+        self._records: dict[str, dict] = {r[key]: r for r in records}
 
-    def __contains__(self, example_id: str) -> bool:
-        return example_id in self._records
+    def __contains__(self, key: str) -> bool:
+        return key in self._records
 
     def __len__(self) -> int:
         return len(self._records)
 
     def append(self, record: dict) -> None:
         """Write one record and force it to disk; an example already stored is never written twice."""
-        if record["example_id"] in self._records:
+        if record[self.key] in self._records:
             return
+        if not self.manifest_path.is_file():  # the folder appears with its first record
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.manifest_path.with_name(self.manifest_path.name + ".tmp")  # written whole, then renamed
+            tmp.write_text(json.dumps({**self._manifest, "environment": environment()}, indent=2, sort_keys=True),
+                           encoding="utf-8")
+            os.replace(tmp, self.manifest_path)
         line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
         with open(self.path, "ab") as fh:
             fh.write(line)
             fh.flush()
             os.fsync(fh.fileno())
-        self._records[record["example_id"]] = record
+        self._records[record[self.key]] = record
 
-    def records(self, example_ids=None) -> list[dict]:
-        if example_ids is None:
-            return list(self._records.values())
-        return [self._records[i] for i in example_ids if i in self._records]
+    def records(self, keys=None) -> list[dict]:
+        return list(self._records.values()) if keys is None else [self._records[i] for i in keys if i in self._records]
 
 
 def merge(sources, dest: str | Path) -> dict[str, int]:
@@ -126,11 +122,13 @@ def merge(sources, dest: str | Path) -> dict[str, int]:
         if any(m["config"] != manifests[0]["config"] for m in manifests):
             raise DataError(f"run folders {[str(f) for f in folders]} share the hash {config_hash} but not the config; "
                             "merge runs of one experiment only.")
-        store = ResultStore(dest, config_hash, manifests[0]["config"], manifests[0].get("model"))
+        m = manifests[0]
+        store = ResultStore(dest, config_hash, m["config"], m.get("model"), m.get("key", "example_id"),
+                            tuple(m.get("condition", ("condition", "position"))))
         for f in folders:
             if f.resolve() == store.dir.resolve():
                 continue
-            for rec in read_records(f / "records.jsonl")[0]:
+            for rec in read_records(f / "records.jsonl", store.key)[0]:
                 store.append(rec)  # an example already there is kept once
         out[config_hash] = len(store)
     return out

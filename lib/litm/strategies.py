@@ -3,20 +3,21 @@ documents is scored by a retriever, the top k kept, put in order by each strateg
 by hand, the oracle placements), rendered in each prompt variant and scored by the model."""
 from __future__ import annotations
 
+import functools
 import random
 import zlib
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
+from .attention_study import attention_scores, position_bias
 from .data import generate_fictional_qa, read_examples
 from .errors import ConfigError
-from .experiment import SCORINGS, cached_file_sha256, candidates, config_hash, needed_tokens, score_prompts
-from .metrics import best_subspan_em, parse_citations
+from .metrics import parse_citations
 from .models import DEFAULT_MODEL, LoadedModel, load_model
-from .ordering import STRATEGIES, arrange, gold_at, ranked_top_k, with_num_documents
-from .prompts import Prompt, Variant, render
+from .ordering import ORDERINGS, arrange, gold_at, ranked_top_k, with_num_documents
+from .prompts import Variant, render
 from .retrieval import RETRIEVERS, scores as retrieval_scores
-from .store import ResultStore
+from .runner import SCORINGS, target
+from .study import Item, Study, data_identity
 from .types import Example
 
 STRATEGY_RETRIEVERS = RETRIEVERS + ("attention",)  # attention: the model's calibrated attention (litm.attention)
@@ -56,10 +57,11 @@ class StrategyConfig:
     def __post_init__(self):
         for name in ("strategies", "oracle_positions", "variants"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        bad = [s for s in self.strategies if s not in STRATEGIES or s == "evidence_first"]
+        usable = [s for s in ORDERINGS if s != "evidence_first"]
+        bad = [s for s in self.strategies if s not in usable]
         if bad:
-            raise ConfigError(f"unknown or unsupported strategies {bad}: use {[s for s in STRATEGIES if s != 'evidence_first']}"
-                              " (evidence_first needs a second score: use litm.ordering.reorder).")
+            raise ConfigError(f"unknown or unsupported strategies {bad}: use {usable} (evidence_first needs a second "
+                              "score: use litm.ordering.reorder).")
         bad = [v for v in self.variants if v not in VARIANTS]
         if bad:
             raise ConfigError(f"unknown prompt variants {bad}: use {list(VARIANTS)}.")
@@ -69,6 +71,9 @@ class StrategyConfig:
             raise ConfigError(f"unknown scoring {self.scoring!r}: use one of {SCORINGS}.")
         if not 1 <= self.k <= self.pool:
             raise ConfigError(f"k={self.k} but the pool holds {self.pool} documents; choose k in 1..{self.pool}.")
+        if self.k < 2 and self.scoring == "choice":
+            raise ConfigError("forced choice among k=1 document's answer is always right (chance is 100%); keep at "
+                              "least two documents, or use scoring='loglik' or 'generate'.")
         bad = [p for p in self.oracle_positions if not 0 <= p < self.k]
         if bad:
             raise ConfigError(f"oracle positions {bad} are out of range for k={self.k} (0..{self.k - 1}).")
@@ -89,23 +94,6 @@ class StrategyConfig:
             return [(a, v) for v in self.variants for a in self.arrangements()]
         first = self.strategies[0] if self.strategies else self.arrangements()[0]
         return [(a, base) for a in self.arrangements()] + [(first, v) for v in self.variants[1:]]
-
-
-_NOT_HASHED = {"limit", "batch_size", "results_dir", "progress", "strategies", "oracle_positions", "variants",
-               "cross"}
-
-
-def run_config(config: StrategyConfig, arrangement: str, variant: str) -> dict:
-    d = {k: v for k, v in asdict(config).items() if k not in _NOT_HASHED}
-    if config.scoring != "generate":
-        d.pop("max_new_tokens")
-    if config.data == "generated":
-        d["data"] = "generated-qa"
-    else:
-        d["data"] = {"file": Path(config.data).name, "sha256": cached_file_sha256(config.data)}
-        d.pop("sentences_per_doc")
-    d.update(kind="strategies", arrangement=arrangement, variant=variant)
-    return d
 
 
 def load_pools(config: StrategyConfig) -> list[Example]:
@@ -134,17 +122,16 @@ class Retrieved:
 def attention_retriever(lm: LoadedModel, config: StrategyConfig, pools: list[Example]):
     """Scores from the model's calibrated attention (question tokens, the last half of the layers), the
     positional bias estimated on held-out questions (another seed; the first pools for a data file)."""
-    from . import attention
     from .experiment import SweepConfig
 
     held_out = (generate_fictional_qa(BIAS_EXAMPLES, config.pool, config.seed + 1, config.sentences_per_doc)
                 if config.data == "generated" else pools[:BIAS_EXAMPLES])
     sweep_like = SweepConfig(task="qa", template=config.template, chat=config.chat, limit=1, positions=(0,),
                              progress=False)
-    bias = attention.position_bias(lm, sweep_like, held_out, progress=False, queries="question")
+    bias = position_bias(lm, sweep_like, held_out, progress=False, queries="question")
     n = lm.model.config.get_text_config().num_hidden_layers
-    return lambda ex: attention.attention_scores(lm, ex, bias, range(n // 2, n), "question",
-                                                 Variant(template=config.template, chat=config.chat))
+    return lambda ex: attention_scores(lm, ex, bias, range(n // 2, n), "question",
+                                       Variant(template=config.template, chat=config.chat))
 
 
 def retrieve(example: Example, config: StrategyConfig, scorer=None) -> Retrieved:
@@ -168,89 +155,68 @@ def arranged(r: Retrieved, arrangement: str, seed: int) -> Example:
     return replace(ex, documents=tuple(arrange(list(r.ranked), arrangement, seed=shuffle_seed)))
 
 
-def _record(ex: Example, prompt: Prompt, r: Retrieved, arrangement: str, variant: str) -> dict:
-    m = prompt.manifest
-    rank_ids = [d.id for d in r.ranked]
-    where = {d: i for i, d in enumerate(m.doc_ids)}
-    return {"example_id": ex.id, "condition": f"{arrangement}|{variant}", "position": None,
-            "arrangement": arrangement, "variant": variant, "gold_pool_rank": r.gold_pool_rank,
-            "gold_retrieved": r.gold_pool_rank is not None and r.gold_pool_rank <= len(r.ranked),
-            "gold_in_prompt": m.gold_index is not None, "gold_index": m.gold_index,
-            "gold_rel_depth": m.gold_rel_depth, "num_docs_shown": len(m.doc_ids), "prompt_tokens": m.num_tokens,
-            "prompt_sha256": m.sha256, "doc_ids": list(m.doc_ids),
-            "rank_positions": [where.get(i) for i in rank_ids]}
+class Strategies(Study):
+    """The strategies experiment on the one loop: a condition per arrangement x prompt variant."""
 
+    kind = "strategies"
+    listing = ("strategies", "oracle_positions", "variants", "cross")
 
-def _score(lm: LoadedModel, exs: list[Example], prompts: list[Prompt], config: StrategyConfig) -> list[dict]:
-    """Score prompts as a sweep does; generations are also checked for the documents they cite."""
-    out = []
-    for e, p, s in zip(exs, prompts, score_prompts(lm, exs, prompts, config)):
-        rec = {"prediction": s.prediction, "gold_loglik": s.gold_loglik, "gold_rank": s.gold_rank,
-               "latency_s": round(s.latency_s, 4), "correct": s.gold_rank == 1 if config.scoring == "choice" else None}
-        if config.scoring == "generate":
-            cited = parse_citations(s.prediction)
-            gold_cited = p.manifest.gold_index is not None and p.manifest.gold_index + 1 in cited
-            rec.update(correct=best_subspan_em(s.prediction, e.answers), citations=cited, cited_gold=gold_cited)
-            rec["supported"] = rec["correct"] and gold_cited
-        out.append(rec)
-    return out
+    def __init__(self, config: StrategyConfig):
+        super().__init__(config)
+        self.retrieved: dict[str, Retrieved] = {}
+
+    def hashed(self) -> dict:
+        return {**super().hashed(), "data": data_identity(self.config.data, "qa")}
+
+    def conditions(self) -> list[dict]:
+        return [{"arrangement": a, "variant": v} for a, v in self.config.conditions()]
+
+    @functools.cache
+    def units(self) -> list[Example]:
+        pools = load_pools(self.config)
+        if self.scoring == "choice":
+            for e in pools:
+                target(e, "choice")
+        return pools
+
+    def prepare(self, lm, todo) -> None:
+        needed = {e.id: e for _, e in todo if e.id not in self.retrieved}
+        scorer = attention_retriever(lm, self.config, self.units()) if self.config.retriever == "attention" and needed \
+            else None
+        self.retrieved.update({i: retrieve(e, self.config, scorer) for i, e in needed.items()})
+
+    def item(self, lm, condition: dict, pool: Example) -> Item:
+        a, v = condition["arrangement"], condition["variant"]
+        r = self.retrieved[pool.id]
+        ex = arranged(r, a, self.config.seed)
+        prompt = render(ex, lm.tokenizer, Variant(template=self.config.template, chat=self.config.chat, **VARIANTS[v]))
+        where = {d: i for i, d in enumerate(prompt.manifest.doc_ids)}
+        fields = {"condition": f"{a}|{v}", "position": None, **condition, "gold_pool_rank": r.gold_pool_rank,
+                  "gold_retrieved": r.gold_pool_rank is not None and r.gold_pool_rank <= len(r.ranked),
+                  "doc_ids": list(prompt.manifest.doc_ids), "rank_positions": [where.get(d.id) for d in r.ranked]}
+        if self.scoring == "choice" and prompt.manifest.gold_index is None:
+            # forced choice cannot pick an answer no shown document supports: a missed gold is wrong unscored
+            return Item(ex.id, prompt, None, fields, {"correct": False})
+        return Item(ex.id, prompt, target(ex, self.scoring), fields)
+
+    def outcome(self, item: Item, scored) -> dict:
+        if self.scoring != "generate":
+            return {}
+        cited = parse_citations(scored.prediction)
+        gold = item.prompt.manifest.gold_index
+        gold_cited = gold is not None and gold + 1 in cited
+        return {"citations": cited, "cited_gold": gold_cited, "supported": scored.correct and gold_cited}
+
+    def columns(self) -> dict:
+        return {"retriever": self.config.retriever, "k": self.config.k}
 
 
 def run(config: StrategyConfig, model: LoadedModel | None = None):
     """Run (or resume) every condition; one row per question and condition.  Each condition is stored
-    under its own config hash, so adding a strategy or a variant reuses what is done."""
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    if model is not None and model.name != config.model:
-        config = replace(config, model=model.name)
-    lm = model or load_model(config.model)
-    pools = load_pools(config)
-    if config.scoring == "choice":
-        for e in pools:
-            candidates(e)
-    conds = config.conditions()
-    stores = {}
-    for a, v in conds:
-        rc = run_config(config, a, v)
-        stores[(a, v)] = ResultStore(config.results_dir, config_hash(rc), rc, lm.identity)
-    todo = [(c, e) for c in conds for e in pools if e.id not in stores[c]]
-    needed = {e.id for _, e in todo}
-    scorer = attention_retriever(lm, config, pools) if config.retriever == "attention" and needed else None
-    retrieved = {e.id: retrieve(e, config, scorer) for e in pools if e.id in needed}
-    bar = tqdm(total=len(todo), desc="strategies", disable=not config.progress or not todo)
-    for (a, v) in conds:
-        store = stores[(a, v)]
-        variant = Variant(template=config.template, chat=config.chat, **VARIANTS[v])
-        pending = [e for e in pools if e.id not in store]
-        for start in range(0, len(pending), config.batch_size):
-            chunk = [arranged(retrieved[e.id], a, config.seed) for e in pending[start:start + config.batch_size]]
-            prompts = [render(e, lm.tokenizer, variant) for e in chunk]
-            recs = [_record(e, p, retrieved[e.id], a, v) for e, p in zip(chunk, prompts)]
-            fits = [(p.manifest.num_tokens if config.scoring == "choice" and p.manifest.gold_index is None
-                     else needed_tokens(lm, e, p, config)) <= lm.window for e, p in zip(chunk, prompts)]
-            # forced choice cannot pick an answer no shown document supports: a missed gold is wrong unscored
-            run_idx = [i for i, (rec, f) in enumerate(zip(recs, fits))
-                       if f and (rec["gold_in_prompt"] or config.scoring != "choice")]
-            scored = dict(zip(run_idx, _score(lm, [chunk[i] for i in run_idx], [prompts[i] for i in run_idx],
-                                              config) if run_idx else []))
-            for i, rec in enumerate(recs):
-                if not fits[i]:
-                    rec.update(status="too_long", correct=None, gold_loglik=None, window=lm.window)
-                elif i in scored:
-                    rec.update(status="ok", **scored[i])
-                else:
-                    rec.update(status="ok", correct=False, gold_loglik=None, prediction=None)
-                store.append(rec)
-                bar.update(1)
-    bar.close()
-    ids = [e.id for e in pools]
-    rows = []
-    for (a, v), store in stores.items():
-        for r in store.records(ids):
-            rows.append({**r, "model": config.model, "retriever": config.retriever, "k": config.k,
-                         "config_hash": store.dir.name})
-    return pd.DataFrame(rows)
+    under its own run hash, so adding a strategy or a variant reuses what is done."""
+    study = Strategies(config)
+    study.units()
+    return study.run(model or load_model(config.model))
 
 
 def summarize(df, baseline: str | None = None, n_boot: int = 10_000, seed: int = 0):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from .errors import ModelError
-from .models import resolve
+from .models import hub_revision, resolve
 from .prompts import Prompt
 from .runner import Scored
 
@@ -29,6 +29,7 @@ class VLLMModel:
     name: str
     window: int
     identity: dict = field(default_factory=dict)
+    backend: ClassVar[str] = "vllm"
 
     def generate(self, prompts: Sequence[Prompt], max_new_tokens: int = 100) -> list[Scored]:
         """Greedy decoding of every prompt in one call (vLLM schedules the batch), stopping at a newline,
@@ -65,6 +66,8 @@ def load_vllm(name: str, tensor_parallel_size: int = 1, dtype: str | None = None
     window = int(max_model_len or getattr(cfg, "max_position_embeddings", 0) or tokenizer.model_max_length)
     llm = vllm.LLM(model=source, tokenizer=source, tensor_parallel_size=tensor_parallel_size,
                    dtype=dtype or "auto", max_model_len=window, seed=0, **engine_kwargs)
-    identity.update({"backend": "vllm", "vllm_version": getattr(vllm, "__version__", "unknown"),
+    if identity["kind"] == "hub":
+        identity["weights"]["revision"] = hub_revision(name)
+    identity.update({"backend": "vllm", "device": "cuda", "vllm_version": getattr(vllm, "__version__", "unknown"),
                      "tensor_parallel_size": tensor_parallel_size, "dtype": dtype or "auto"})
     return VLLMModel(llm, tokenizer, name, window, identity)

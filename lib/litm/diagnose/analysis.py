@@ -1,0 +1,120 @@
+"""What a diagnosis measures: per placement accuracy, support, wrong-source and abstention rates, where
+the gold really sat, the Latin square's balance, and the placement effects adjusted for a conflicting
+neighbour (a bootstrap over cases)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import stats
+
+
+def measures(df):
+    """Per placement (and length) and for the baselines: accuracy with its Wilson interval, supported
+    accuracy, wrong-source and abstention rates, how often the gold made it into the prompt, where it
+    started (token offset, and depth within the document region) and the prompt length."""
+    import pandas as pd
+
+    rows = []
+    for (length, p), g in df[df["condition"] == "documents"].groupby(["length", "placement"]):
+        rows.append(_measure_row(g, f"{100 * g['depth'].iloc[0]:.0f}%", int(length), int(p)))
+    for cond in ("oracle", "closedbook"):
+        g = df[df["condition"] == cond]
+        if len(g):
+            rows.append(_measure_row(g, cond, 1, None))
+    return pd.DataFrame(rows)
+
+
+def _measure_row(g, label, length, placement) -> dict:
+    def mean(x) -> float:  # nan without a value
+        return float(x.mean()) if x.notna().any() else float("nan")
+
+    ok = g[g["status"] == "ok"]
+    acc, lo, hi = stats.proportion_interval(ok["correct"].astype(bool))  # scored prompts: never None
+    sup = ok["supported"].dropna() if "supported" in ok else []
+    return {"condition": label, "length": length, "placement": placement, "n": len(g), "scored": len(ok),
+            "accuracy": acc, "ci_low": lo, "ci_high": hi,
+            "supported": float(np.mean(sup.astype(bool))) if len(sup) else float("nan"),
+            "wrong_source": mean(ok["wrong_source"]), "abstained": mean(ok["abstained"]),
+            "gold_in_prompt": float(g["gold_in_prompt"].mean()), "gold_token_start": mean(g["gold_token_start"]),
+            "gold_region_depth": mean(g["gold_region_depth"]), "prompt_tokens": float(g["prompt_tokens"].mean()),
+            "tokens_min": int(g["prompt_tokens"].min()), "tokens_max": int(g["prompt_tokens"].max())}
+
+
+def adjacency_counts(df, length: int = 1):
+    """How often each distractor sat right next to the gold, per placement (the Latin square's balance)."""
+    import pandas as pd
+
+    d = df[(df["condition"] == "documents") & (df["length"] == length)]
+    rows = [{"case_id": r.case_id, "placement": r.placement, "document": n}
+            for r in d.itertuples() for n in r.neighbours]
+    return pd.DataFrame(rows).groupby(["case_id", "placement", "document"]).size().unstack("placement", fill_value=0)
+
+
+def length_spread(df):
+    """Per case and length: how far apart (tokens, and as a share of the mean) its prompts with documents are
+    across placements and orders; only the order of the documents differs, so this stays small."""
+    d = df[df["condition"] == "documents"]
+    g = d.groupby(["case_id", "length"])["prompt_tokens"]
+    out = (g.max() - g.min()).rename("tokens").to_frame()
+    out["share"] = out["tokens"] / g.mean()
+    return out.reset_index()
+
+
+def case_table(df, length: int = 1) -> stats.PairedTable:
+    """Cases x placements: each case's accuracy at each placement (mean over seeds and orders), cases with
+    a prompt at every placement only."""
+    d = df[(df["condition"] == "documents") & (df["length"] == length) & (df["status"] == "ok") & df["gold_in_prompt"]]
+    wide = d.pivot_table(index="case_id", columns="placement", values="correct", aggfunc="mean")
+    placements = sorted(df.loc[df["condition"] == "documents", "placement"].dropna().astype(int).unique())
+    wide = wide.reindex(columns=placements).astype(float)
+    full = wide.dropna()
+    return stats.PairedTable(tuple(full.index), tuple(int(p) for p in placements), full.to_numpy(),
+                             dropped=len(wide) - len(full))
+
+
+def placement_effects(rows, n_boot: int = 2000, seed: int = 0) -> dict | None:
+    """Accuracy by placement adjusted for a conflicting neighbour: a linear probability model of correctness
+    on one indicator per placement plus "a conflicting document is next to the gold", fitted to every
+    scored prompt with the gold, with a bootstrap over cases (each case's prompts resampled together).
+
+    Returns the middle penalty (mean of the edge placements' coefficients minus the middle's), the
+    neighbour's effect (None when it never varies or cannot be told apart from placement) and the adjusted
+    edge and middle accuracies; None when fewer than 2 cases or 3 placements are there."""
+    placements = sorted(int(p) for p in rows["placement"].dropna().unique())
+    cases = sorted(rows["case_id"].unique())
+    if len(placements) < 3 or len(cases) < 2:
+        return None
+    complete = [c for c in cases if set(rows.loc[rows["case_id"] == c, "placement"].astype(int)) == set(placements)]
+    if len(complete) < 2:
+        return None
+    rows = rows[rows["case_id"].isin(complete)]
+    adjacent = rows["conflict_adjacent"].astype(bool).to_numpy()
+    X = np.stack([(rows["placement"].astype(int) == p).to_numpy() for p in placements], axis=1).astype(float)
+    note, with_adj = "adjusted for a conflicting neighbour", adjacent.any() and not adjacent.all()
+    if with_adj:
+        Xa = np.column_stack([X, adjacent.astype(float)])
+        if np.linalg.matrix_rank(Xa) < Xa.shape[1]:
+            with_adj, note = False, "a conflicting neighbour goes with the placement itself, so it is not adjusted for"
+        else:
+            X = Xa
+    else:
+        note = "no conflicting documents to adjust for" if not adjacent.any() else "every prompt has a conflicting neighbour"
+    y = rows["correct"].astype(float).to_numpy()
+    edges, middle = stats.edges_and_middle(placements)
+    e = [placements.index(p) for p in edges]
+    mid = [placements.index(p) for p in middle]
+
+    def fit(idx):
+        if np.linalg.matrix_rank(X[idx]) < X.shape[1]:
+            return None  # a draw without some placement or without variation in the neighbour: skipped
+        beta = np.linalg.lstsq(X[idx], y[idx], rcond=None)[0]
+        return beta[e].mean() - beta[mid].mean(), beta[-1] if with_adj else np.nan
+
+    beta = np.linalg.lstsq(X, y, rcond=None)[0]
+    point = fit(np.arange(len(y)))
+    draws = stats.cluster_bootstrap(rows["case_id"].to_numpy(), fit, n_boot, seed)
+    if len(draws) < n_boot // 2:
+        return None
+    return {"penalty": stats.estimate_from_draws(point[0], draws[:, 0], len(complete)),
+            "adjacent": stats.estimate_from_draws(point[1], draws[:, 1], len(complete)) if with_adj else None,
+            "note": note, "edges": float(beta[e].mean()), "middle": float(beta[mid].mean())}

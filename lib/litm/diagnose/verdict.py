@@ -1,0 +1,149 @@
+"""The verdict of a diagnosis: five stated rules (gold missing, position, wrong everywhere, interference,
+length), each with its evidence and a next step, and the comparison of two models on the same cases."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import stats
+from ..report import compare_tables
+from .analysis import case_table, measures, placement_effects
+
+MISSING_SHARE = 0.2  # gold missing from at least this share of the prompts: packing or truncation
+EDGE_MIN = 0.5  # position: the edges at least this accurate
+WRONG_MAX = 0.25  # wrong everywhere: no placement above this accuracy
+APART_MIN = 0.5  # interference: with no conflicting neighbour at least this accurate
+LENGTH_BASE_MIN = 0.5  # length: the case's own length at least this accurate
+
+
+@dataclass
+class Rule:
+    name: str
+    fired: bool | None  # None: not testable with this design or data
+    rule: str
+    evidence: str
+    next_step: str
+
+
+@dataclass
+class Diagnosis:
+    model: str
+    records: object  # DataFrame, one row per prompt
+    measures: object  # DataFrame (`measures`)
+    penalty: stats.Estimate | None
+    rules: list[Rule] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> list[str]:
+        return [r.name for r in self.rules if r.fired]
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:.0f}%"
+
+
+def _ci(e: stats.Estimate) -> str:
+    return f"{100 * e.value:+.1f} points [{100 * e.low:+.1f}, {100 * e.high:+.1f}], p = {e.p_value:.3g}"
+
+
+def diagnose(df, n_boot: int = 2000, seed: int = 0) -> Diagnosis:
+    """Measures, the middle penalty and the verdict rules for one model's records."""
+    m = measures(df)
+    docs = df[df["condition"] == "documents"]
+    base = docs[docs["length"] == 1]
+    ok_base = base[(base["status"] == "ok") & base["gold_in_prompt"]]
+    rules = []
+
+    missing = 1 - float(docs["gold_in_prompt"].mean())
+    rules.append(Rule(
+        "gold missing from the prompt (packing or truncation, not position)", missing >= MISSING_SHARE - 1e-9,
+        f"the gold is missing from at least {_pct(MISSING_SHARE)} of the prompts with documents",
+        f"gold missing from {_pct(missing)} of {len(docs)} prompts" + "".join(
+            f"; {r['condition']} {_pct(1 - r['gold_in_prompt'])}" for _, r in m[m["placement"].notna()].iterrows()
+            if r["gold_in_prompt"] < 1),
+        "raise the context budget, compress or drop low-ranked documents before packing, or put the best-ranked "
+        "documents first so truncation cuts the weakest ones."))
+
+    eff = placement_effects(ok_base, n_boot, seed)
+    penalty = eff["penalty"] if eff else None
+    position_fired = None
+    if eff is None:
+        evidence = (f"not testable: {ok_base['case_id'].nunique()} cases with the gold in the prompt at every placement "
+                    "(needs 2 cases and 3 placements)")
+    else:
+        position_fired = penalty.low > 0 and eff["edges"] >= EDGE_MIN
+        evidence = (f"middle penalty {_ci(penalty)} over {penalty.n} cases ({eff['note']}); edge accuracy "
+                    f"{_pct(eff['edges'])}, middle {_pct(eff['middle'])}")
+    rules.append(Rule(
+        "position sensitivity", position_fired,
+        f"the edges are at least {_pct(EDGE_MIN)} accurate and the middle penalty (edges minus middle, paired "
+        "bootstrap over cases, adjusted for a conflicting neighbour) has a 95% interval above 0",
+        evidence,
+        "put the best evidence first or last (reorder, e.g. u_shape / langchain in notebook 04), repeat the question "
+        "after the documents, or cut the number of documents."))
+
+    by_place = ok_base.groupby("placement")["correct"].mean()
+    oracle_acc = float(df.loc[(df["condition"] == "oracle") & (df["status"] == "ok"), "correct"].mean())
+    fired = float(by_place.max()) <= WRONG_MAX if len(by_place) else None
+    rules.append(Rule(
+        "wrong everywhere (evidence, question or reasoning, not position)", fired,
+        f"no placement is more than {_pct(WRONG_MAX)} accurate",
+        (f"accuracy by placement {', '.join(_pct(v) for v in by_place)}; oracle (gold alone) {_pct(oracle_acc)}"
+         if len(by_place) else "not testable: no scored prompt with the gold"),
+        ("even the gold alone fails: check that the gold document really states the answer in words the question "
+         "uses, that the accepted answers are complete, and whether the model can do this task (try a larger one)."
+         if oracle_acc != oracle_acc or oracle_acc <= WRONG_MAX else
+         "the gold alone works but not among the other documents: filter or rerank distractors, or shorten the "
+         "context.")))
+
+    adj = eff["adjacent"] if eff else None
+    if adj is not None:
+        near = ok_base["conflict_adjacent"].astype(bool)
+        apart = float(ok_base.loc[~near, "correct"].mean())
+        fired = adj.high < 0 and apart >= APART_MIN  # may fire beside position: both can be at work
+        evidence = (f"accuracy {_pct(apart)} with no conflicting neighbour, "
+                    f"{_pct(float(ok_base.loc[near, 'correct'].mean()))} next to one; effect of a conflicting "
+                    f"neighbour at the same placement {_ci(adj)} over {adj.n} cases")
+    else:
+        fired = None
+        evidence = "not testable: " + (eff["note"] if eff else "too few cases or placements with the gold")
+    kinds = ok_base.loc[ok_base["wrong_source"].astype(bool), "wrong_source_kind"].value_counts()
+    if len(kinds):
+        evidence += "; wrong-source answers came from: " + ", ".join(f"{k} {v}" for k, v in kinds.items())
+    rules.append(Rule(
+        "interference from a conflicting document", fired,
+        f"at least {_pct(APART_MIN)} accurate with no conflicting document next to the gold, significantly less "
+        "accurate with one next to it at the same placement (bootstrap over cases)",
+        evidence,
+        "remove superseded versions at indexing time, filter by metadata (region, role, date) before retrieval, "
+        "or tell the model how to resolve conflicts (newest version wins) in the instruction."))
+
+    lengths = sorted(docs["length"].unique())
+    fired, evidence = None, "not testable: one length only (run with lengths=(1, 2))"
+    if len(lengths) > 1:
+        long = int(lengths[-1])
+        okl = docs[(docs["status"] == "ok") & docs["gold_in_prompt"]]
+        wide = okl.pivot_table(index="case_id", columns="length", values="correct", aggfunc="mean")
+        wide = wide.reindex(columns=[1, long]).dropna()
+        evidence = "not testable: fewer than 2 cases scored at both lengths"
+        if len(wide) >= 2:
+            tl = stats.PairedTable(tuple(wide.index), (1, long), wide.to_numpy().astype(float))
+            diff = stats.difference(tl, 1, long, n_boot=n_boot, seed=seed)
+            base_acc = float(tl.column(1).mean())
+            fired = diff.low > 0 and base_acc >= LENGTH_BASE_MIN and not position_fired
+            evidence = (f"accuracy {_pct(base_acc)} at the cases' own length, {_pct(float(tl.column(long).mean()))} "
+                        f"at x{long}; difference {_ci(diff)} over {len(tl.ids)} cases")
+    rules.append(Rule(
+        "length, not position", fired,
+        f"at least {_pct(LENGTH_BASE_MIN)} accurate at the cases' own length, significantly less accurate at the "
+        "longest (paired bootstrap over cases), and no position sensitivity at the own length",
+        evidence,
+        "send fewer or shorter documents (compression, notebook 05), or use a model trained for longer contexts."))
+    return Diagnosis(str(df["model"].iloc[0]) if "model" in df and len(df) else "", df, m, penalty, rules)
+
+
+def compare_models(a: Diagnosis, b: Diagnosis, n_boot: int = 2000, seed: int = 0):
+    """Do two models differ in their position profile on the same cases?  (`report.compare_tables` on
+    each case's accuracy by placement.)"""
+    return compare_tables(case_table(a.records), case_table(b.records), a.model, b.model, n_boot=n_boot, seed=seed,
+                          unit="points", what="cases", where="placements")
+
