@@ -220,3 +220,18 @@ def test_the_uncompressed_prompt_obeys_the_window_rule(tmp_path):
     assert (none["prompt_tokens"] > 320).all() and set(none["status"]) == {"too_long"}
     assert none["correct"].isna().all() and none["gold_loglik"].isna().all()
     assert set(cut["status"]) == {"ok"} and (cut["prompt_tokens"] <= 200).all()
+
+
+def test_every_item_is_made_once(tiny_lm, tmp_path, monkeypatch):
+    """The first item of each condition is made before anything is written, then used, not made again (a
+    compression's recorded seconds would otherwise come from its cache)."""
+    from collections import Counter
+
+    from litm.experiment import Sweep
+
+    calls, real = Counter(), Sweep.item
+    monkeypatch.setattr(Sweep, "item", lambda self, lm, c, u: calls.update([(c["condition"], c["position"], u.id)])
+                        or real(self, lm, c, u))
+    df = sweep(SweepConfig(task="kv", num_docs=4, positions=(0, 3), limit=3, batch_size=2,
+                           results_dir=str(tmp_path), progress=False), tiny_lm)
+    assert len(df) == len(calls) == 4 * 3 and set(calls.values()) == {1}

@@ -145,16 +145,17 @@ class Study:
             rc = self.run_config(identity, c)
             stores.append(ResultStore(cfg.results_dir, config_hash(rc), rc, lm.identity, self.key, tuple(c)))
         todo = [(i, u) for i in range(len(conds)) for u in units if u.id not in stores[i]]
+        made = {}  # each condition's first item, made before anything is written (and then used)
         if todo:
             self.prepare(lm, [(conds[i], u) for i, u in todo])
-            for i, u in dict(reversed(todo)).items():  # each condition's first item, before anything is written
-                self.item(lm, conds[i], u)
+            made = {(i, u.id): self.item(lm, conds[i], u) for i, u in dict(reversed(todo)).items()}
         with tqdm(total=len(todo), desc=f"{self.kind} {cfg.model}",
                   disable=not getattr(cfg, "progress", True) or not todo) as bar:
-            for c, store in zip(conds, stores):
+            for i, (c, store) in enumerate(zip(conds, stores)):
                 pending = [u for u in units if u.id not in store]
                 for start in range(0, len(pending), cfg.batch_size):
-                    items = [self.item(lm, c, u) for u in pending[start:start + cfg.batch_size]]
+                    items = [made.pop((i, u.id), None) or self.item(lm, c, u)
+                             for u in pending[start:start + cfg.batch_size]]
                     for rec in self._records(lm, items):
                         store.append(rec)
                         bar.update(1)
