@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from .attention_study import attention_scores, position_bias
 from .data import generate_fictional_qa, read_examples
 from .errors import ConfigError
+from .experiment import SweepConfig
 from .metrics import parse_citations
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .ordering import ORDERINGS, arrange, gold_at, ranked_top_k, with_num_documents
@@ -122,8 +123,6 @@ class Retrieved:
 def attention_retriever(lm: LoadedModel, config: StrategyConfig, pools: list[Example]):
     """Scores from the model's calibrated attention (question tokens, the last half of the layers), the
     positional bias estimated on held-out questions (another seed; the first pools for a data file)."""
-    from .experiment import SweepConfig
-
     held_out = (generate_fictional_qa(BIAS_EXAMPLES, config.pool, config.seed + 1, config.sentences_per_doc)
                 if config.data == "generated" else pools[:BIAS_EXAMPLES])
     sweep_like = SweepConfig(task="qa", template=config.template, chat=config.chat, limit=1, positions=(0,),
