@@ -235,3 +235,18 @@ def test_every_item_is_made_once(tiny_lm, tmp_path, monkeypatch):
     df = sweep(SweepConfig(task="kv", num_docs=4, positions=(0, 3), limit=3, batch_size=2,
                            results_dir=str(tmp_path), progress=False), tiny_lm)
     assert len(df) == len(calls) == 4 * 3 and set(calls.values()) == {1}
+
+
+def test_the_file_hash_cache_forgets_deleted_files(tmp_path, monkeypatch):
+    import shutil
+
+    from litm.models import cache_root, local_weights
+
+    monkeypatch.setenv("LITM_CACHE", str(tmp_path / "cache"))
+    a, b = build_tiny_model(tmp_path / "a"), build_tiny_model(tmp_path / "b", seed=1)
+    first = local_weights(a)
+    assert local_weights(a) == first  # from the cache, the same digests
+    shutil.rmtree(a)
+    local_weights(b)
+    cached = json.loads((cache_root().parent / "file-hashes.json").read_text())
+    assert cached and all(k.startswith(str(b.resolve())) for k in cached)

@@ -88,6 +88,7 @@ def local_weights(directory: Path) -> dict:
         cache = json.loads(cache_file.read_text())
     except (OSError, ValueError):  # none yet, or unreadable: start afresh
         cache = {}
+    cache = {k: v for k, v in cache.items() if Path(k.rsplit(":", 2)[0]).is_file()}  # forget deleted files
     files = {}
     for f in sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".") and p.suffix != ".md"):
         key = f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
