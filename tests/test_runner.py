@@ -1,5 +1,6 @@
 """Runner on a tiny random Llama: batching must not change scores; forced choice ranks correctly."""
 import math
+import time
 
 import pytest
 import torch
@@ -121,3 +122,33 @@ def test_generate_is_greedy_and_batch_invariant(tiny_lm, qa_prompts):
                 break
         text = tiny_lm.tokenizer.decode(new, skip_special_tokens=True)
         assert s.prediction == text
+
+
+def test_choice_right_pads_plain_caches_and_scores_rows_without_slots(tiny_lm, qa_prompts, monkeypatch):
+    """A plain cache: the batch is right-padded and prefilled without a mask (plain causal attention); a row
+    whose candidates are one token each has no slot in the candidates' pass, beside rows that have some."""
+    exs, prompts = qa_prompts
+    one = [a for a in "abcdefgh" if len(runner._cont_ids(tiny_lm, prompts[0], a)) == 1][:2]
+    assert len(one) == 2
+    cands = [one, [d.answer for d in exs[1].documents], [d.answer for d in exs[2].documents]]
+    calls = []
+    forward = tiny_lm.model.forward
+    monkeypatch.setattr(tiny_lm.model, "forward", lambda *a, **k: calls.append(k) or forward(*a, **k))
+    got = runner.choice(tiny_lm, prompts[:3], cands, [0, 0, 0], batch_size=3)
+    prefill = calls[0]
+    assert prefill.get("attention_mask") is None and len({len(p.input_ids) for p in prompts[:3]}) == 3
+    for g, p, c in zip(got, prompts, cands):
+        refs = [_reference_loglik(tiny_lm, p, a) for a in c]
+        assert max(abs(x - y) for x, y in zip(g.candidate_logliks, refs)) < 1e-4
+
+
+def test_shared_choice_gives_each_prompt_its_share_of_the_time(tiny_lm, qa_prompts):
+    exs, prompts = qa_prompts
+    cands = [[d.answer for d in e.documents] for e in exs]
+    gold = [e.gold_index for e in exs]
+    t0 = time.perf_counter()
+    shared, _ = runner.shared_choice(tiny_lm, prompts, cands, gold)
+    elapsed = time.perf_counter() - t0
+    assert len({s.latency_s for s in shared}) == 1 and 0 < sum(s.latency_s for s in shared) <= elapsed
+    for a, b in zip(runner.choice(tiny_lm, prompts, cands, gold, batch_size=4), shared):
+        assert max(abs(x - y) for x, y in zip(a.candidate_logliks, b.candidate_logliks)) < 1e-4

@@ -2,8 +2,9 @@
 forward passes (greedy generation, gold log-likelihood, forced choice; a prefix tree for forced choice
 over prompts that share beginnings).
 
-Prompts are sorted by length and left-padded in batches; position ids are computed from the padding
-mask so a padded row sees exactly the positions it would see alone.
+Prompts are sorted by length and left-padded in batches (forced choice right-pads where the KV cache has
+no sliding window); position ids are computed from the padding mask so a padded row sees exactly the
+positions it would see alone.
 
 The tie rule of forced choice: a tie counts against the gold.  The gold's rank is 1 + the number of
 other candidates scoring at least as high, and a choice is right only when the gold scores strictly
@@ -34,6 +35,7 @@ class Scored:
     prediction: str | None = None
     gold_loglik: float | None = None
     gold_rank: int | None = None  # 1 = the gold scored best among the candidates (ties count against it)
+    gold_margin: float | None = None  # the gold's log-likelihood minus the best other candidate's (> 0: right)
     candidate_logliks: tuple[float, ...] | None = None
     latency_s: float = 0.0
     correct: bool | None = None  # None under log-likelihood scoring
@@ -119,15 +121,15 @@ def _batches(lengths: Sequence[int], batch_size: int):
         yield order[start:start + batch_size]
 
 
-def _left_pad(rows: list[list[int]], pad_id: int, device):
+def _left_pad(rows: list[list[int]], pad_id: int, device, right: bool = False):
     import torch
 
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
+        at = slice(0, len(r)) if right else slice(width - len(r), width)
+        ids[i, at], mask[i, at] = torch.tensor(r, dtype=torch.long), 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     return ids.to(device), mask.to(device), pos.to(device)
 
@@ -175,16 +177,29 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
     `gold[i]` is the index of the right answer in `candidates[i]`; ties count against the gold.
     """
     import torch
+    from transformers import DynamicCache
 
+    # A plain cache (no sliding window): prompts right-padded, so the prefill is plain causal attention (no mask;
+    # no prompt token sees the pads after it, and the candidates are masked off them).  Else left-padded.
+    try:
+        right = _plain_layers(DynamicCache(config=lm.model.config))
+    except (AttributeError, KeyError, TypeError, ValueError):  # a cache transformers cannot build from the config
+        right = False
     out: list[Scored | None] = [None] * len(prompts)
-    for batch in _batches([len(p.input_ids) for p in prompts], batch_size):
+    conts = [[_cont_ids(lm, p, a) for a in c] for p, c in zip(prompts, candidates)]
+    # batched by prompt plus candidate tokens: the candidates' pass is padded to its batch's most
+    for batch in _batches([len(p.input_ids) + sum(map(len, c)) for p, c in zip(prompts, conts)], batch_size):
         t0 = time.perf_counter()
-        ids, mask, pos = _left_pad([list(prompts[i].input_ids) for i in batch], lm.tokenizer.pad_token_id, lm.device)
-        with torch.inference_mode():
-            pre = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        first_logp = torch.log_softmax(pre.logits[:, -1].float(), dim=-1)
+        ids, mask, pos = _left_pad([list(prompts[i].input_ids) for i in batch], lm.tokenizer.pad_token_id, lm.device,
+                                   right)
+        last = [len(prompts[i].input_ids) - 1 if right else ids.shape[1] - 1 for i in batch]
+        keep, col = torch.tensor(last).unique(return_inverse=True)
+        with torch.inference_mode():  # logits at each row's last token
+            pre = lm.model(input_ids=ids, use_cache=True, logits_to_keep=keep.to(lm.device),
+                           **({} if right else {"attention_mask": mask, "position_ids": pos}))
+        first_logp = torch.log_softmax(pre.logits[torch.arange(len(batch)), col.to(lm.device)].float(), dim=-1)
         scored = candidate_scores(lm, pre["cache"] if "cache" in pre else pre["past_key_values"], mask, first_logp,
-                                  [[_cont_ids(lm, prompts[i], a) for a in candidates[i]] for i in batch])
+                                  [conts[i] for i in batch])
         dt = (time.perf_counter() - t0) / len(batch)
         for i, s in zip(batch, scored):
             out[i] = choice_result(s, gold[i], dt)
@@ -193,12 +208,14 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
 
 def choice_result(scores: Sequence[float], gold: int, latency_s: float = 0.0) -> Scored:
     """A forced choice's outcome under the tie rule (module docstring): the gold's rank, whether it is
-    right, and the candidate picked (the first best one that is not the gold, when the gold only ties)."""
+    right, its margin over the best other candidate, and the candidate picked (the first best one that is not
+    the gold, when the gold only ties)."""
     best = max(scores)
     rank = 1 + sum(1 for j, v in enumerate(scores) if j != gold and v >= scores[gold])
     chosen = next((j for j, v in enumerate(scores) if v == best and j != gold), gold)
-    return Scored(gold_loglik=scores[gold], gold_rank=rank, candidate_logliks=tuple(scores), latency_s=latency_s,
-                  correct=rank == 1, chosen=chosen)
+    margin = scores[gold] - max(v for j, v in enumerate(scores) if j != gold)
+    return Scored(gold_loglik=scores[gold], gold_rank=rank, gold_margin=margin, candidate_logliks=tuple(scores),
+                  latency_s=latency_s, correct=rank == 1, chosen=chosen)
 
 
 def _plain_layers(cache) -> bool:
@@ -213,7 +230,7 @@ def _plain_layers(cache) -> bool:
 def candidate_scores(lm: LoadedModel, cache, prefix_mask, first_logp, cands: list[list[list[int]]]) -> list[list[float]]:
     """Log-likelihood of each candidate's tokens after a prefilled batch of prompts.
 
-    `cache` holds the batch's prompts (left-padded; `prefix_mask` [batch, length]), `first_logp` [batch,
+    `cache` holds the batch's prompts (padded; `prefix_mask` [batch, length]), `first_logp` [batch,
     vocab] their next-token log-probabilities and `cands[b]` row b's candidates as token lists.  Every
     candidate's first token is read off `first_logp`; the rest come from one extra forward in which each
     row's candidates sit side by side, each seeing the prompt and its own earlier tokens only (a tree
@@ -226,40 +243,35 @@ def candidate_scores(lm: LoadedModel, cache, prefix_mask, first_logp, cands: lis
     if not _plain_layers(cache):  # sliding-window caches: one copy of the row per candidate
         return [_scores_from_copies(lm, cache, b, prefix_mask[b:b + 1], first_logp[b], row)
                 for b, row in enumerate(cands)]
-    dev = lm.device
-    batch, length = prefix_mask.shape
+    dev, batch = lm.device, prefix_mask.shape[0]
     width = max(sum(len(c) - 1 for c in row) for row in cands)
-    neg = torch.finfo(lm.model.dtype).min
     ids = torch.full((batch, width), lm.tokenizer.pad_token_id, dtype=torch.long)
-    pos = torch.zeros((batch, width), dtype=torch.long)
-    mask = torch.full((batch, 1, width, length + width), neg, dtype=lm.model.dtype)
-    mask[:, 0, :, :length] = torch.where(prefix_mask.cpu()[:, None, :].bool(), 0.0, neg)
-    mask[:, 0, torch.arange(width), length + torch.arange(width)] = 0  # every slot sees itself (no empty rows)
+    nxt, pos, grp = torch.zeros_like(ids), torch.zeros_like(ids), torch.full_like(ids, -1)
     slots = []  # (row, candidate, first slot) of each candidate with more than one token
     for b, row in enumerate(cands):
         start, at = int(prefix_mask[b].sum()), 0
         for j, c in enumerate(row):
-            n = len(c) - 1
-            if n == 0:
-                continue
-            ids[b, at:at + n] = torch.tensor(c[:-1])
-            pos[b, at:at + n] = start + torch.arange(n)
-            mask[b, 0, at:at + n, length + at:length + at + n] = torch.triu(torch.full((n, n), neg), 1)
-            slots.append((b, j, at))
-            at += n
+            if n := len(c) - 1:  # slots feed every token but the last and are scored on the next one
+                ids[b, at:at + n], nxt[b, at:at + n], grp[b, at:at + n] = torch.tensor(c[:-1]), torch.tensor(c[1:]), j
+                pos[b, at:at + n] = start + torch.arange(n)
+                slots.append((b, j, at))
+                at += n
+    ids, nxt, pos, grp = (t.to(dev) for t in (ids, nxt, pos, grp))
+    # a slot sees the prompt and its candidate's slots up to itself (the pads, group -1, only pads: never read)
+    tree = (grp[:, :, None] == grp[:, None, :]) & torch.ones((width, width), dtype=torch.bool, device=dev).tril()
+    see = torch.cat([prefix_mask.to(dev).bool()[:, None, :].expand(-1, width, -1), tree], dim=-1)
+    mask = torch.zeros(see.shape, dtype=lm.model.dtype, device=dev).masked_fill_(~see, torch.finfo(lm.model.dtype).min)
     saved = [(layer.keys, layer.values) for layer in cache.layers]
     try:
         with torch.inference_mode():
-            logits = lm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                              use_cache=True, **{_cache_kwarg(lm.model): cache}).logits
+            logits = lm.model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, use_cache=True,
+                              **{_cache_kwarg(lm.model): cache}).logits
     finally:  # the forward appended the candidates' keys and values; put the prompt's back
         for layer, (k, v) in zip(cache.layers, saved):
             layer.keys, layer.values = k, v
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, nxt[..., None])[..., 0].tolist()
     for b, j, at in slots:
-        c = cands[b][j]
-        nxt = torch.tensor(c[1:], device=logp.device)
-        scores[b][j] += float(logp[b, at:at + len(c) - 1].gather(-1, nxt[:, None]).sum())
+        scores[b][j] += sum(logp[b][at:at + len(cands[b][j]) - 1])
     return scores
 
 
@@ -319,10 +331,11 @@ def _tree(seqs: list[tuple[int, ...]], idx: list[int], depth: int):
 def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, TreeStats]:
     """Forced choice over `prompts` with a prefix tree: every shared prefix (the instruction, the documents
     before the gold in a position sweep) is prefilled once and branched by copying its KV cache; each
-    prompt's candidates are then scored from its own cache.  Same scores as `runner.choice`."""
+    prompt's candidates are then scored from its own cache.  Same scores as `runner.choice`; each prompt's
+    latency is its share of the whole tree's time."""
     import torch
 
-    seqs = [tuple(p.input_ids) for p in prompts]
+    t0, seqs = time.perf_counter(), [tuple(p.input_ids) for p in prompts]
     kw = _cache_kwarg(lm.model)
     out: list = [None] * len(prompts)
     prefilled = 0
@@ -358,7 +371,8 @@ def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, Tre
 
     with torch.inference_mode():
         walk(_tree(seqs, list(range(len(seqs))), 0), None, 0)
-    return out, TreeStats(len(seqs), sum(len(s) for s in seqs), prefilled)
+    dt = (time.perf_counter() - t0) / max(len(seqs), 1)
+    return [replace(s, latency_s=dt) for s in out], TreeStats(len(seqs), sum(len(s) for s in seqs), prefilled)
 
 
 def generate(lm: LoadedModel, prompts: Sequence[Prompt], max_new_tokens: int = 100,

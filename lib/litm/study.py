@@ -28,7 +28,7 @@ from .types import Example
 NOT_HASHED = frozenset({"limit", "batch_size", "results_dir", "data_dir", "progress", "shard", "n_boot", "backend",
                         "tensor_parallel"})
 LEAD_COLUMNS = ("model", "task", "num_docs", "condition", "position", "example_id", "status", "correct", "gold_rank",
-                "gold_loglik", "prediction", "prompt_tokens", "gold_index", "gold_token_start", "gold_token_end",
+                "gold_loglik", "gold_margin", "prediction", "prompt_tokens", "gold_index", "gold_token_start", "gold_token_end",
                 "gold_rel_depth")
 
 
@@ -176,7 +176,7 @@ class Study:
         out = []
         for it, f in zip(items, fits):
             rec = {self.key: it.key, "scoring": self.scoring, **prompt_fields(it.prompt), **it.fields,
-                   "prediction": None, "gold_loglik": None, "gold_rank": None, "latency_s": None}
+                   "prediction": None, "gold_loglik": None, "gold_rank": None, "gold_margin": None, "latency_s": None}
             if not f:
                 rec.update(status="too_long", correct=None, window=lm.window)
             elif it.target is None:
@@ -184,7 +184,7 @@ class Study:
             else:
                 s = next(scored)
                 rec.update(status="ok", prediction=s.prediction, gold_loglik=s.gold_loglik, gold_rank=s.gold_rank,
-                           latency_s=round(s.latency_s, 4), correct=s.correct)
+                           gold_margin=s.gold_margin, latency_s=round(s.latency_s, 4), correct=s.correct)
                 if s.candidate_logliks is not None:
                     rec["num_candidates"] = len(s.candidate_logliks)
                 rec.update(self.outcome(it, s))
