@@ -7,22 +7,25 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.notebook
 
-SMALL = "LIMIT = 2\nPOSITIONS = (0, 9)\n"
+SMALL = "POSITIONS = (0, 4, 9)\n"
+# the pilot on the study's own seed, so the study reuses the pilot's records
+PLANNED = "PILOT, PILOT_SEED, MOST = 3, SEED, 3\n"
 NOTEBOOKS = [
-    ("01-kv-retrieval-position-sweep", SMALL, ["01-kv-position-curve"]),
-    ("02-multidoc-qa-position-sweep", SMALL, ["02-qa-position-curve"]),
-    ("03-attention-sinks-and-troughs", SMALL + "CAL_EXAMPLES = 1\nSINK_LENGTHS = (250, 500)\n",
+    ("01-kv-retrieval-position-sweep", SMALL + PLANNED, ["01-kv-position-curve"]),
+    ("02-multidoc-qa-position-sweep", SMALL + PLANNED, ["02-qa-position-curve"]),
+    ("03-attention-sinks-and-troughs", "LIMIT = 2\nPOSITIONS = (0, 9)\nCAL_EXAMPLES = 1\nSINK_LENGTHS = (250, 500)\n",
      ["03-sink-strength", "03-sink-map", "03-attention-heatmap", "03-attention-vs-accuracy", "03-calibrated-recall"]),
     ("04-reordering-strategies",
-     "LIMIT = 2\nPOOL = 8\nK = 4\nSTRATEGIES = ('rank', 'langchain')\nORACLE_POSITIONS = (0,)\n"
+     PLANNED + "POOL = 8\nK = 4\nSTRATEGIES = ('rank', 'langchain')\nORACLE_POSITIONS = (0,)\n"
      "VARIANTS = ('after', 'xml')\nTIME_FIRST = 2\n",
      ["04-strategy-accuracy", "04-rank-placement", "04-accuracy-vs-cache-reuse"]),
-    ("05-compression-strategies", "LIMIT = 1\nPOSITIONS = (0, 9)\nBUDGETS = (300,)\n",
+    ("05-compression-strategies", PLANNED + "POSITIONS = (0, 9)\nBUDGETS = (300,)\nCONTRAST = 'extractive@300'\n",
      ["05-accuracy-vs-tokens", "05-evidence-survival", "05-position-curves"]),
     ("06-statistics-and-reporting",
      "LIMIT = 4\nPOSITIONS = (0, 4, 9)\nLENGTHS = (250, 500)\nDEPTHS = 4\nGRID_LIMIT = 3\nN_BOOT = 200\n",
      ["06-depth-length-heatmap"]),
-    ("07-diagnose-your-rag-prompt", "LIMIT = 2\nORDERS = 2\nN_BOOT = 200\n", ["07-diagnosis"]),
+    ("07-diagnose-your-rag-prompt", "PILOT, PILOT_SEEDS, MOST = 3, SEEDS, 3\nORDERS = 2\nN_BOOT = 200\n",
+     ["07-diagnosis"]),
 ]
 
 

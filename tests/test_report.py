@@ -41,13 +41,18 @@ def test_report_numbers_match_the_records(tiny_lm, tmp_path):
     tex = (tmp_path / "rep" / "report.tex").read_text()
     assert r"\begin{tabular}" in tex and r"\bottomrule" in tex
     assert len(out["figures"]) == 2 and all(p.is_file() for p in out["figures"])
-    for pos in (0, 2, 4):  # accuracy per position, computed here from the raw records
-        acc = df[(df.condition == "documents") & (df.position == pos)].correct.mean()
-        assert f"| gold at {pos + 1} | 8 | 0 | {100 * acc:.1f} |" in md
+    for pos in (0, 2, 4):  # every measure per position, computed here from the raw records
+        g = df[(df.condition == "documents") & (df.position == pos)]
+        (row,) = [line for line in md.splitlines() if line.startswith(f"| gold at {pos + 1} | 8 | 0 |")]
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[3].startswith(f"{100 * g.correct.mean():.1f} [")
+        assert cells[4].startswith(f"{g.gold_loglik.mean():.2f} [") and cells[5].startswith(f"{g.gold_margin.mean():.2f} [")
     acc = {p: df[(df.condition == "documents") & (df.position == p)].correct.mean() for p in (0, 2, 4)}
     (rep,) = out["reports"]
+    assert rep.primary.name == "accuracy" and [e.measure.name for e in rep.effects] == ["accuracy", "loglik", "margin"]
     assert rep.penalty.value == pytest.approx((acc[0] + acc[4]) / 2 - acc[2])
-    assert {t.name.split(":")[0] for t in rep.tests} == {"Cochran's Q", "McNemar exact"}
+    assert {t.name.split(":")[0] for t in rep.effects[0].tests} == {"Cochran's Q", "McNemar exact"}
+    assert [t.name for t in rep.effects[2].tests] == ["paired t", "Wilcoxon signed-rank"]
     assert "smollm2" not in md and str(tiny_lm.name) in md
     assert analyse(df, n_boot=200)[0].sweep_id == rep.sweep_id, "a sweep() table and its stored records agree"
 
@@ -150,6 +155,69 @@ def test_the_closing_sentence_names_the_middle_the_penalty_uses(tmp_path):
     text = describe_curve(df)
     edges, middle = (acc[0] + acc[9]) / 2, (acc[3] + acc[6]) / 2  # four positions: the middle is the two central
     assert (f"The edges (positions 1 and 10) average {100 * edges:.0f}% against {100 * middle:.0f}% in the middle "
-            "(positions 4 and 7).") in text
+            f"(positions 4 and 7): a middle penalty of {100 * (edges - middle):+.1f} points, 95% CI [") in text
+    assert text.startswith("Primary measure, accuracy") and text.endswith("n = 40 paired questions.")
     assert analyse(df, n_boot=200)[0].penalty.value == pytest.approx(edges - middle)
     assert "weakest" not in text and f"{100 * min(acc[3], acc[6]):.0f}% in the middle" not in text
+
+
+def _hand_table():
+    """Four questions at positions 0, 4, 9 and the oracle, with every measure written out by hand."""
+    import pandas as pd
+
+    margins = {0: [2.0, 1.0, -1.0, 0.5], 4: [-1.0, -2.0, 0.5, -0.5], 9: [1.5, 0.5, 1.0, -0.25], None: [3, 2, 2.5, 1.0]}
+    rows = []
+    for pos, ms in margins.items():
+        for i, m in enumerate(ms):
+            rows.append({"example_id": f"q{i}", "condition": "oracle" if pos is None else "documents",
+                         "position": pos, "status": "ok", "scoring": "choice", "correct": m > 0,
+                         "gold_loglik": -4.0 + m, "gold_margin": m, "prompt_tokens": 100})
+    return pd.DataFrame(rows), margins
+
+
+def test_position_curve_draws_accuracy_and_the_margin_side_by_side_from_a_hand_made_table(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from litm.plots import position_curve, save_figure
+    from scipy import stats as st
+    from statsmodels.stats.proportion import proportion_confint
+
+    df, margins = _hand_table()
+    fig = position_curve(df, chance=0.25)
+    ax, bx = fig.axes
+    acc = [np.mean(np.array(margins[p]) > 0) for p in (0, 4, 9)]
+    assert list(ax.lines[0].get_xdata()) == [1, 5, 10] and ax.lines[0].get_ydata() == pytest.approx(acc)
+    assert bx.lines[0].get_ydata() == pytest.approx([np.mean(margins[p]) for p in (0, 4, 9)])
+    band = {round(y, 9) for y in ax.collections[0].get_paths()[0].vertices[:, 1]}
+    for p in (0, 4, 9):  # the Wilson band, from statsmodels
+        k = int(np.sum(np.array(margins[p]) > 0))
+        assert {round(v, 9) for v in proportion_confint(k, 4, method="wilson")} <= band
+    band = {round(y, 9) for y in bx.collections[0].get_paths()[0].vertices[:, 1]}
+    for p in (0, 4, 9):  # the t band, from scipy
+        lo, hi = st.t.interval(0.95, 3, loc=np.mean(margins[p]), scale=st.sem(margins[p]))
+        assert {round(lo, 9), round(hi, 9)} <= band
+    oracle = [ln for ln in bx.lines if ln.get_label() == "oracle"]
+    assert oracle and oracle[0].get_ydata()[0] == pytest.approx(np.mean(margins[None]))
+    assert "margin" in bx.get_ylabel() and "accuracy" in ax.get_ylabel().lower()
+    assert len(position_curve(df, measure="loglik").axes) == 2
+    assert len(position_curve(df.assign(correct=None, gold_margin=None)).axes) == 1  # log-likelihood scoring
+    png, _ = save_figure(fig, "two-panel", tmp_path)
+    assert png.stat().st_size > 1000
+
+
+def test_the_margin_is_the_gold_loglik_minus_the_best_other_candidates_by_another_route(tiny_lm, tmp_path):
+    from litm.experiment import load_examples, prompt_for
+    from litm.runner import candidates, loglik
+
+    cfg = SweepConfig(task="qa", num_docs=4, positions=(0, 3), limit=3, sentences_per_doc=2, closedbook=False,
+                      oracle=False, results_dir=str(tmp_path), progress=False)
+    df = sweep(cfg, tiny_lm)
+    for e in load_examples(cfg):
+        cands, gold = candidates(e)
+        for pos in (0, 3):
+            prompt = prompt_for(e, "documents", pos, cfg, tiny_lm.tokenizer)
+            each = [s.gold_loglik for s in loglik(tiny_lm, [prompt] * len(cands), cands, batch_size=1)]
+            margin = each[gold] - max(v for j, v in enumerate(each) if j != gold)
+            (rec,) = df[(df.example_id == e.id) & (df.position == pos)].to_dict("records")
+            assert rec["gold_margin"] == pytest.approx(margin, abs=1e-4) and rec["correct"] == (rec["gold_margin"] > 0)

@@ -19,7 +19,8 @@ from statsmodels.stats.proportion import proportion_confint
 
 from litm.errors import LitmError, StatsError
 from litm.stats import (PairedTable, bootstrap, cochrans_q, difference, edges_and_middle, mcnemar_exact,
-                        middle_penalty, paired_table, penalty_sd, position_length_model, questions_needed,
+                        measures_in, middle_effect, middle_penalty, paired_t, paired_table, paired_tests, penalty_sd,
+                        position_length_model, primary_measure, questions_needed, versus_baseline, wilcoxon_signed_rank,
                         wilson_interval)
 
 NORMAL_975 = st.norm.ppf(0.975)
@@ -637,3 +638,120 @@ def test_cluster_bootstrap_resamples_whole_clusters_and_skips_draws_it_cannot_fi
     assert len(draws) == 3000 - only_c and only_c > 0
     # three draws among clusters of 2, 3 and 1 rows: 6 rows on average
     assert np.mean([len(i) for i in seen]) == pytest.approx(2.0 * 3, rel=0.05)
+
+
+# ------------------------------------------------------------------------ measures and paired tests
+def test_paired_t_matches_scipy_ttest_rel():
+    rng = np.random.default_rng(5)
+    a = rng.normal(0.3, 1.0, 25)
+    b = a - rng.normal(0.4, 0.8, 25)
+    ours, ref = paired_t(a, b), st.ttest_rel(a, b)
+    assert ours.statistic == pytest.approx(ref.statistic, rel=1e-12)
+    assert ours.p_value == pytest.approx(ref.pvalue, rel=1e-10) and ours.detail["df"] == 24
+
+
+def exact_signed_rank_p(d: np.ndarray) -> float:
+    """Two-sided exact p of the signed-rank statistic min(W+, W-) by enumerating every sign pattern (no ties)."""
+    ranks = st.rankdata(np.abs(d))
+    w_plus = ranks[d > 0].sum()
+    observed = min(w_plus, ranks.sum() - w_plus)
+    hits = 0
+    for signs in range(2 ** len(d)):
+        wp = sum(r for j, r in enumerate(ranks) if signs >> j & 1)
+        hits += min(wp, ranks.sum() - wp) <= observed + 1e-9
+    return hits / 2 ** len(d)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_wilcoxon_signed_rank_matches_an_enumeration_of_every_sign(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(0.5, 1.0, 12)
+    b = rng.normal(0.0, 1.0, 12)
+    res = wilcoxon_signed_rank(a, b)
+    assert res.p_value == pytest.approx(exact_signed_rank_p(a - b), abs=1e-12)
+    assert res.detail["nonzero"] == 12
+
+
+def test_wilcoxon_drops_zero_differences_and_says_one_when_all_are_zero():
+    a = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+    b = a - np.array([0, 0, 1.5, -0.25, 2.5, 3.5, 4.5, 5.75])
+    assert wilcoxon_signed_rank(a, b).p_value == pytest.approx(exact_signed_rank_p(np.array([1.5, -0.25, 2.5, 3.5,
+                                                                                            4.5, 5.75])), abs=1e-12)
+    assert wilcoxon_signed_rank(a, a).p_value == 1.0
+
+
+def test_paired_tests_use_mcnemar_for_right_wrong_and_t_and_wilcoxon_otherwise():
+    a, b = np.array([1, 1, 1, 0, 1, 1.0]), np.array([1, 0, 0, 0, 1, 0.0])
+    (mc,) = paired_tests(a, b, binary=True)
+    assert mc.name == "McNemar exact" and mc.p_value == pytest.approx(0.25)  # 3 discordant, all one way: 2 / 8
+    assert [t.name for t in paired_tests(a + 0.1, b, binary=False)] == ["paired t", "Wilcoxon signed-rank"]
+    with pytest.raises(StatsError, match="two pairs"):
+        paired_t([1.0], [0.0])
+
+
+def continuous_sweep(n: int = 30, seed: int = 0) -> pd.DataFrame:
+    """Records with all three measures at positions 0, 4, 9: margins dip in the middle."""
+    rng = np.random.default_rng(seed)
+    level = rng.normal(0, 2.0, n)
+    rows = []
+    for pos, shift in ((0, 1.0), (4, -0.5), (9, 0.8)):
+        margin = level + shift + rng.normal(0, 1.0, n)
+        for i in range(n):
+            rows.append(record(f"q{i}", "documents", pos, correct=bool(margin[i] > 0),
+                               gold_loglik=-5 + margin[i] / 2, gold_margin=margin[i], scoring="choice"))
+    return pd.DataFrame(rows)
+
+
+def test_middle_effect_on_a_continuous_measure_tests_each_questions_edges_against_its_middle():
+    df = continuous_sweep()
+    table = paired_table(df, "gold_margin")
+    eff = middle_effect(table, "margin", n_boot=4000, seed=1)
+    wide = df.pivot(index="example_id", columns="position", values="gold_margin")
+    edges, middle = (wide[0] + wide[9]) / 2, wide[4]
+    assert eff.estimate.value == pytest.approx(float((edges - middle).mean()), abs=1e-12)
+    assert eff.estimate.n == 30
+    t, w = eff.tests
+    assert t.p_value == pytest.approx(st.ttest_rel(edges, middle).pvalue, rel=1e-10)
+    assert w.p_value == pytest.approx(st.wilcoxon(edges - middle).pvalue, rel=1e-10)
+    low, high, _ = loop_bootstrap(edges.to_numpy(), middle.to_numpy(), 4000, seed=9)
+    sigma = float(np.std(edges - middle)) / math.sqrt(30)
+    tol = 4 * quantile_mc_se(sigma, 4000)
+    assert eff.estimate.low == pytest.approx(low, abs=tol) and eff.estimate.high == pytest.approx(high, abs=tol)
+
+
+def test_measures_held_and_the_primary_one():
+    df = continuous_sweep()
+    assert [m.name for m in measures_in(df)] == ["accuracy", "loglik", "margin"]
+    assert primary_measure(df).name == "accuracy" and primary_measure(df, "margin").column == "gold_margin"
+    old = df.drop(columns="gold_margin")  # records written before the margin was stored
+    with pytest.raises(StatsError, match="rerun into a new results folder"):
+        primary_measure(old, "margin")
+    with pytest.raises(StatsError, match="unknown measure"):
+        primary_measure(df, "rank")
+    loglik_only = df.assign(correct=None, gold_margin=None)
+    assert [m.name for m in measures_in(loglik_only)] == ["loglik"]
+
+
+def test_versus_baseline_averages_a_questions_records_and_pairs_over_questions():
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(20):
+        level = rng.normal()
+        for arm, shift in (("base", 0.0), ("better", 0.7)):
+            for pos in (0, 1):  # two records per question and arm: averaged before pairing
+                rows.append({"example_id": f"q{i}", "arm": arm, "status": "ok", "correct": None,
+                             "gold_loglik": level + shift + rng.normal(0, 0.5)})
+    rows.append({"example_id": "q20", "arm": "better", "status": "too_long", "correct": None, "gold_loglik": None})
+    df = pd.DataFrame(rows)
+    out = versus_baseline(df, "base", condition="arm", n_boot=4000, seed=2)
+    (row,) = out.to_dict("records")
+    means = df[df.status == "ok"].groupby(["example_id", "arm"])["gold_loglik"].mean().unstack()
+    d = (means["better"] - means["base"]).to_numpy()
+    assert row["measure"] == "loglik" and row["n"] == 20 and row["diff"] == pytest.approx(d.mean(), abs=1e-12)
+    assert row["t_p"] == pytest.approx(st.ttest_rel(means["better"], means["base"]).pvalue, rel=1e-10)
+    assert row["wilcoxon_p"] == pytest.approx(st.wilcoxon(d).pvalue, rel=1e-10)
+    low, high, _ = loop_bootstrap(d, None, 4000, seed=8)
+    tol = 4 * quantile_mc_se(float(np.std(d)) / math.sqrt(20), 4000)
+    assert row["diff_low"] == pytest.approx(low, abs=tol) and row["diff_high"] == pytest.approx(high, abs=tol)
+    with pytest.raises(StatsError, match="baseline"):
+        versus_baseline(df, "nope", condition="arm")

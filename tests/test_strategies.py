@@ -8,7 +8,7 @@ import pytest
 
 from litm import prefix, strategies as S
 from litm.data import fictional_qa_records, generate_fictional_qa, shared_document_questions, write_jsonl
-from litm.errors import ConfigError, DataError
+from litm.errors import ConfigError, DataError, StatsError
 from litm.runner import candidates
 from litm.prompts import Variant, render
 from litm.types import Document, Example
@@ -83,7 +83,7 @@ def test_a_missed_gold_is_wrong_under_forced_choice_and_scored_otherwise(tiny_lm
     df = S.run(cfg, tiny_lm)
     missed = df[df["arrangement"] == "rank"]
     assert (~missed["gold_retrieved"]).all() and missed["gold_index"].isna().all()
-    assert (missed["correct"] == False).all() and (missed["gold_pool_rank"] == 6).all()  # noqa: E712
+    assert (missed["correct"] == False).all() and (missed["gold_pool_rank"] == 6).all()
     oracle = df[df["arrangement"] == "gold@1"]
     assert (oracle["gold_index"] == 1).all() and oracle["gold_loglik"].notna().all()
     assert sum(calls) == 3, "only the oracle prompts (which hold the gold) went to the model"
@@ -115,15 +115,17 @@ def _records(values):
 
 def test_summary_is_paired_against_the_baseline():
     df = _records({"r|after": [1, 1, 0, 0, 1, 0], "u|after": [1, 1, 1, 0, 1, 1]})
-    s = S.summarize(df, n_boot=2000).set_index("condition")
+    s = S.summarize(df).set_index("condition")
     assert s.loc["r|after", "accuracy"] == pytest.approx(0.5) and s.loc["u|after", "accuracy"] == pytest.approx(5 / 6)
-    assert s.loc["u|after", "diff"] == pytest.approx(2 / 6)
-    assert s.loc["u|after", "mcnemar_p"] == pytest.approx(0.5)  # 2 discordant pairs, both one way: 2 * 0.5**2
-    assert s.loc["u|after", "diff_low"] >= 0 and np.isnan(s.loc["r|after", "diff"])
+    e = S.effects(df, n_boot=2000).set_index("condition")
+    assert list(e.index) == ["u|after"] and e.loc["u|after", "measure"] == "accuracy"
+    assert e.loc["u|after", "diff"] == pytest.approx(2 / 6)
+    assert e.loc["u|after", "mcnemar_p"] == pytest.approx(0.5)  # 2 discordant pairs, both one way: 2 * 0.5**2
+    assert e.loc["u|after", "diff_low"] >= 0
     place = S.rank_placement(df, ranks=2).set_index(["arrangement", "rank"])
     assert place.loc[("u", 2), "after"] == 1.0 and place.loc[("r", 2), "before"] == 1.0
-    with pytest.raises(ConfigError, match="baseline"):
-        S.summarize(df, baseline="x|y")
+    with pytest.raises(StatsError, match="baseline"):
+        S.effects(df, baseline="x|y")
 
 
 # ----------------------------------------------------------------------------- prefix caching
@@ -173,7 +175,7 @@ def test_strategy_figures_draw_from_tables(tmp_path):
     df = _records({"r|after": [1, 0, 1], "u|after": [1, 1, 0], "gold@0|after": [1, 1, 1], "r|xml": [0, 0, 1]})
     layouts = pd.DataFrame({"layout": list(prefix.LAYOUTS), "accuracy": [0.2, 0.4, 0.5], "ci_low": [0.1, 0.2, 0.3],
                             "ci_high": [0.5, 0.6, 0.7], "reuse_fraction": [0.9, 0.1, 0.8], "speedup": [3.0, 1.0, 2.5]})
-    for name, fig in {"acc": plots.strategy_accuracy(S.summarize(df, n_boot=100), chance=0.25),
+    for name, fig in {"acc": plots.strategy_accuracy(S.summarize(df), chance=0.25),
                       "place": plots.rank_placement_bars(S.rank_placement(df)),
                       "reuse": plots.accuracy_vs_reuse(layouts)}.items():
         png, _ = plots.save_figure(fig, name, tmp_path)
@@ -214,3 +216,31 @@ def test_shared_prefix_choice_scores_as_the_plain_pass_and_prefills_each_prefix_
     seqs = [tuple(p.input_ids) for p in prompts]
     distinct_prefixes = len({s[:k] for s in seqs for k in range(1, len(s) + 1)})  # the trie's nodes
     assert stats.prefill_tokens == distinct_prefixes < stats.total_tokens == sum(map(len, seqs))
+
+
+def test_strategy_and_compression_figures_show_paired_differences_on_a_continuous_measure(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from litm import compression_study as CS
+    from litm import plots
+
+    df = _records({"r|after": [1, 0, 1, 0], "u|after": [1, 1, 0, 1], "gold@0|after": [1, 1, 1, 1]})
+    df["gold_margin"] = [0.5, -1.0, 0.2, -0.3, 0.9, 0.1, -0.2, 0.4, 2.0, 1.5, 1.0, 0.5]
+    eff = S.effects(df, n_boot=500)
+    fig = plots.strategy_accuracy(S.summarize(df), effects=eff)
+    _, bx = fig.axes
+    diffs = bx.lines[0].get_xdata()  # bottom to top: the conditions after the baseline, in order
+    want = [np.mean(df[df.condition == c].gold_margin.to_numpy() - df[df.condition == "r|after"].gold_margin.to_numpy())
+            for c in ("u|after", "gold@0|after")]
+    assert list(diffs) == pytest.approx(want)
+    comp = pd.DataFrame([{"example_id": f"q{i}", "strategy": s, "budget": b, "position": p, "status": "ok",
+                          "correct": m > 0, "gold_margin": m, "prompt_tokens": 300 if b else 700,
+                          "answer_kept": True, "sentence_kept": True, "seconds": 0.0}
+                         for i in range(3) for s, b in (("none", None), ("truncate", 250)) for p in (0, 9)
+                         for m in [i - (0.5 if s == "truncate" else 0.0) + p / 9]])
+    ceff = CS.effects(comp, n_boot=200)
+    row = ceff[ceff.measure == "margin"].iloc[0]
+    assert row["arm"] == "truncate@250" and row["diff"] == pytest.approx(-0.5)
+    fig = plots.accuracy_vs_kept_tokens(CS.summarize(comp), effects=ceff)
+    assert len(fig.axes) == 2 and fig.axes[1].lines[0].get_xdata()[0] == pytest.approx(-0.5)

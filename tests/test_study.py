@@ -208,8 +208,8 @@ def test_results_written_before_the_run_identity_still_report(tmp_path, capsys):
     assert main(["report", str(folder), "--out", str(tmp_path / "rep"), "--n-boot", "200"]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "4 paired questions" in md
-    assert "| gold at 1 | 4 | 0 | 75.0 |" in md and "| gold at 5 | 4 | 0 | 25.0 |" in md
-    assert "Middle penalty (edges minus middle): 50.0 points" in md  # (75 + 75) / 2 - 25, by hand
+    assert "| gold at 1 | 4 | 0 | 75.0 [" in md and "| gold at 5 | 4 | 0 | 25.0 [" in md
+    assert "Middle penalty (edges minus middle), accuracy: +50.0 points" in md  # (75 + 75) / 2 - 25, by hand
 
 
 def test_the_uncompressed_prompt_obeys_the_window_rule(tmp_path):

@@ -70,12 +70,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="reports", help="where report.md, report.tex and the figures go")
     r.add_argument("--n-boot", type=int, default=10_000)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--primary", default=None, choices=("accuracy", "loglik", "margin"),
+                   help="the measure to lead with (default: accuracy where the records have it)")
 
     c = sub.add_parser("compare", help="do two runs differ in their position profile? exit 1 on a regression")
     c.add_argument("a", help="results of run A (the reference)")
     c.add_argument("b", help="results of run B (the candidate)")
     c.add_argument("--n-boot", type=int, default=10_000)
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--measure", default=None, choices=("accuracy", "loglik", "margin"),
+                   help="the measure compared (default: accuracy where the records have it)")
     c.add_argument("--different-configs", action="store_true",
                    help="allow A and B to differ in more than the model (they are listed)")
 
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             from .report import write_report
 
-            out = write_report(args.results, args.out, n_boot=args.n_boot, seed=args.seed)
+            out = write_report(args.results, args.out, n_boot=args.n_boot, seed=args.seed, primary=args.primary)
             print(out["markdown"])
             print(f"wrote {Path(args.out) / 'report.md'}, {Path(args.out) / 'report.tex'} and "
                   f"{len(out['figures'])} figure files")
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             from .report import compare
 
             result = compare(args.a, args.b, n_boot=args.n_boot, seed=args.seed,
-                             different_configs=args.different_configs)
+                             different_configs=args.different_configs, measure=args.measure)
             print(result.text)
             return 1 if result.verdict == "regression" else 0
         from .experiment import SweepConfig, load_backend, summarize, sweep

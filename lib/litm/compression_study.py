@@ -136,6 +136,19 @@ def summarize(df):
     return pd.DataFrame(rows)
 
 
+def effects(df, n_boot: int = 10_000, seed: int = 0):
+    """Each strategy at each budget minus the uncompressed prompt, on every measure the records hold, paired
+    over questions (each question's gold positions averaged; `stats.versus_baseline`)."""
+    from .stats import versus_baseline
+
+    return versus_baseline(arms(df), NONE, condition="arm", n_boot=n_boot, seed=seed)
+
+
+def arms(df):
+    """The records with an `arm` column: the strategy and budget (`extractive@250`), or `none` uncompressed."""
+    return df.assign(arm=[s if s == NONE else f"{s}@{int(b)}" for s, b in zip(df["strategy"], df["budget"])])
+
+
 def by_position(df):
     """Accuracy (Wilson 95%) by gold position for each strategy and budget: does compression flatten the
     position curve?"""

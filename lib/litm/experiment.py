@@ -158,21 +158,22 @@ def sweep(config: SweepConfig, model=None):
 
 
 def summarize(df, by=("condition", "position")):
-    """Accuracy (with Wilson 95% intervals) or mean log-likelihood per condition, skipped prompts counted."""
+    """Every measure the records hold, per condition: accuracy with a Wilson 95% interval, the mean gold
+    log-likelihood and margin with t intervals (`stats.MEASURES` names the columns); skipped prompts counted."""
     import pandas as pd
 
-    from .stats import mean_interval, proportion_interval
+    from .stats import mean_interval, measures_in, proportion_interval
 
+    held = measures_in(df)
     out = []
     for key, g in df.groupby(list(by), dropna=False, sort=False):
         ok = g[g["status"] == "ok"]
         row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
         row.update(n=len(ok), too_long=int((g["status"] == "too_long").sum()))
-        if ok["correct"].notna().any():
-            row.update(zip(("accuracy", "ci_low", "ci_high"), proportion_interval(ok["correct"].astype(bool))))
-        if ok["gold_loglik"].notna().any():
-            m, lo, hi = mean_interval(ok["gold_loglik"].astype(float).to_numpy())
-            row.update(mean_loglik=m, loglik_ci_low=lo, loglik_ci_high=hi)
+        for m in held:
+            x = ok[m.column].dropna()
+            row.update(zip(m.summary, proportion_interval(x.astype(bool)) if m.binary
+                           else mean_interval(x.astype(float).to_numpy())))
         row["mean_prompt_tokens"] = float(g["prompt_tokens"].mean())
         out.append(row)
     table = pd.DataFrame(out)

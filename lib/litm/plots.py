@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from .experiment import summarize
-from .stats import edges_and_middle
+from .stats import edges_and_middle, measures_in, middle_penalty, paired_table, primary_measure, value_column
+from .stats import measure as as_measure
 
 FIGURES_DIR = Path(os.environ.get("LITM_FIGURES", "figures"))
 
@@ -20,10 +21,6 @@ def save_figure(fig, name: str, directory: str | Path | None = None) -> list[Pat
     for p in paths:
         fig.savefig(p, dpi=150, bbox_inches="tight")
     return paths
-
-
-def _metric(df) -> str:
-    return "accuracy" if df["correct"].notna().any() else "loglik"
 
 
 def _finish(fig, title: str | None, ax=None):
@@ -40,62 +37,93 @@ def _new_axes(ax, size):
     return plt.subplots(figsize=size) if ax is None else (ax.figure, ax)
 
 
-def position_curve(df, label_by: str | None = None, ax=None, title: str | None = None, chance: float | None = None):
-    """Accuracy (Wilson 95%) or mean gold log-likelihood (t 95%) against the gold position (1-based),
-    one line per value of `label_by`; closed-book and oracle drawn as dashed lines."""
-    fig, ax = _new_axes(ax, (6, 4))
-    metric = _metric(df)
-    y, lo, hi = (("accuracy", "ci_low", "ci_high") if metric == "accuracy"
-                 else ("mean_loglik", "loglik_ci_low", "loglik_ci_high"))
+def _continuous(df, measure=None):
+    """The measure a second panel shows: `measure`, else the margin, else the gold log-likelihood (None
+    when the records hold neither)."""
+    if measure is not None:
+        return primary_measure(df, measure)
+    return next((m for m in reversed(measures_in(df)) if not m.binary), None)
+
+
+def _axis_label(m, scoring: str) -> str:
+    if m.binary:
+        return "Forced-choice accuracy" if scoring == "choice" else "Accuracy"
+    return f"Mean {m.label} (nats)"
+
+
+def position_curve(df, label_by: str | None = None, ax=None, title: str | None = None, chance: float | None = None,
+                   measure: str | None = None):
+    """Two panels against the gold position (1-based): accuracy with Wilson 95% bands, and a continuous
+    measure with t 95% bands (`measure`, default the margin, else the gold log-likelihood), one line per
+    value of `label_by`, closed-book and oracle as dashed and dotted lines.  Records holding one measure,
+    or a given `ax`, get one panel (`measure` if given, else the first held)."""
+    import matplotlib.pyplot as plt
+
+    cont = _continuous(df, measure)
+    panels = list(dict.fromkeys([m for m in measures_in(df) if m.binary] + ([cont] if cont else [])))
+    if ax is not None:
+        fig, axes, panels = ax.figure, [ax], [cont if measure else panels[0]]
+    else:
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+        axes = list(axes[0])
     groups = [(None, df)] if label_by is None else list(df.groupby(label_by, sort=False))
-    for i, (label, g) in enumerate(groups):
-        color = f"C{i}"
-        s = summarize(g)
-        docs = s[s["condition"] == "documents"].sort_values("position")
-        x = docs["position"].astype(int).to_numpy() + 1
-        ax.plot(x, docs[y], marker="o", color=color, label=label if label is not None else "full context")
-        ax.fill_between(x, docs[lo], docs[hi], color=color, alpha=0.2)
-        for cond, style in (("closedbook", "--"), ("oracle", ":")):
-            row = s[s["condition"] == cond]
-            if len(row):
-                ax.axhline(float(row[y].iloc[0]), color=color, linestyle=style, linewidth=1.2,
-                           label=f"{cond}" + (f" ({label})" if label is not None else ""))
-    if chance is not None:
-        ax.axhline(chance, color="grey", linewidth=0.8, linestyle="-.", label="chance")
-    ax.set_xlabel("Position of the document with the answer (1 = first)")
     scoring = df["scoring"].iloc[0] if "scoring" in df else ""
-    ax.set_ylabel({"accuracy": "Forced-choice accuracy" if scoring == "choice" else "Accuracy",
-                   "loglik": "Mean gold log-likelihood (nats)"}[metric])
     xs = sorted(int(p) + 1 for p in df.loc[df["condition"] == "documents", "position"].dropna().unique())
-    if xs:
-        ax.set_xticks(xs)
-    if metric == "accuracy":
-        ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    for a, m in zip(axes, panels):
+        y, lo, hi = m.summary
+        for i, (label, g) in enumerate(groups):
+            color = f"C{i}"
+            s = summarize(g)
+            docs = s[s["condition"] == "documents"].sort_values("position")
+            x = docs["position"].astype(int).to_numpy() + 1
+            a.plot(x, docs[y], marker="o", color=color, label=label if label is not None else "full context")
+            a.fill_between(x, docs[lo], docs[hi], color=color, alpha=0.2)
+            for cond, style in (("closedbook", "--"), ("oracle", ":")):
+                row = s[s["condition"] == cond]
+                if len(row) and y in row:
+                    a.axhline(float(row[y].iloc[0]), color=color, linestyle=style, linewidth=1.2,
+                              label=f"{cond}" + (f" ({label})" if label is not None else ""))
+        if m.binary:
+            if chance is not None:
+                a.axhline(chance, color="grey", linewidth=0.8, linestyle="-.", label="chance")
+            a.set_ylim(-0.02, 1.02)
+        elif m.name == "margin":
+            a.axhline(0, color="grey", linewidth=0.8, linestyle="-.", label="tie with the best other")
+        a.set_xlabel("Position of the document with the answer (1 = first)")
+        a.set_ylabel(_axis_label(m, scoring))
+        if xs:
+            a.set_xticks(xs)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8, loc="best")
     return _finish(fig, title, ax)
 
 
-def describe_curve(df) -> str:
-    """One sentence with the numbers behind a position curve: each position, the baselines, and the edges
-    against the middle as the middle penalty defines them (`stats.edges_and_middle`)."""
+def describe_curve(df, primary: str | None = None, n_boot: int = 10_000, seed: int = 0) -> str:
+    """The numbers behind a position curve, one sentence per measure with `primary` first (default: the
+    first the records hold): each position and baseline, and the edges against the middle as the middle
+    penalty defines them (`stats.edges_and_middle`), with its paired-bootstrap interval and n."""
     s = summarize(df)
-    metric = "accuracy" if "accuracy" in s else "mean_loglik"
+    first = primary_measure(df, primary)
     docs = s[s["condition"] == "documents"].sort_values("position")
-    fmt = (lambda v: f"{100 * v:.0f}%") if metric == "accuracy" else (lambda v: f"{v:.2f}")
-    parts = [f"position {int(r.position) + 1}: {fmt(r[metric])} (n={r.n})" for _, r in docs.iterrows()]
-    base = [f"{r.condition}: {fmt(r[metric])}" for _, r in s[s["condition"] != "documents"].iterrows()]
-    text = f"{metric.replace('_', ' ')} by gold position — " + ", ".join(parts)
-    if base:
-        text += "; " + ", ".join(base)
-    if len(docs) >= 3:
-        value = dict(zip(docs["position"].astype(int), docs[metric]))
-        edges, middle = edges_and_middle(list(value))
-        names = " and ".join(str(p + 1) for p in middle)
-        text += (f". The edges (positions {edges[0] + 1} and {edges[1] + 1}) average "
-                 f"{fmt(np.mean([value[p] for p in edges]))} against {fmt(np.mean([value[p] for p in middle]))} in "
-                 f"the middle (position{'s' if len(middle) > 1 else ''} {names}).")
-    return text
+    sentences = []
+    for m in [first] + [m for m in measures_in(df) if m != first]:
+        col = m.summary[0]
+        fmt = (lambda v: f"{100 * v:.0f}%") if m.binary else (lambda v: f"{v:.2f}")
+        parts = [f"position {int(r.position) + 1}: {fmt(r[col])} (n={r.n})" for _, r in docs.iterrows()]
+        parts += [f"{r.condition}: {fmt(r[col])}" for _, r in s[s["condition"] != "documents"].iterrows()]
+        text = f"{'Primary measure, ' if m == first else ''}{m.label} by gold position: " + ", ".join(parts)
+        if len(docs) >= 3:
+            value = dict(zip(docs["position"].astype(int), docs[col]))
+            edges, middle = edges_and_middle(list(value))
+            names = " and ".join(str(p + 1) for p in middle)
+            est = middle_penalty(paired_table(df, m.column), n_boot, seed)
+            text += (f". The edges (positions {edges[0] + 1} and {edges[1] + 1}) average "
+                     f"{fmt(np.mean([value[p] for p in edges]))} against {fmt(np.mean([value[p] for p in middle]))} "
+                     f"in the middle (position{'s' if len(middle) > 1 else ''} {names}): a middle penalty of "
+                     f"{m.format(est.value, True)} {m.unit}, 95% CI [{m.format(est.low, True)}, "
+                     f"{m.format(est.high, True)}], n = {est.n} paired questions")
+        sentences.append(text + ".")
+    return "\n".join(sentences)
 
 
 def depth_length_heatmap(df, depths: int = 10, ax=None, title: str | None = None):
@@ -103,8 +131,8 @@ def depth_length_heatmap(df, depths: int = 10, ax=None, title: str | None = None
     accuracy (or mean gold log-likelihood) at the position nearest that depth for that length."""
     import pandas as pd
 
-    acc = _metric(df) == "accuracy"
-    value = "correct" if acc else "gold_loglik"
+    value = value_column(df)
+    acc = value == "correct"
     ok = df[df["status"] == "ok"]
     lengths = sorted(ok["target_length"].unique())
     levels = [i / (depths - 1) for i in range(depths)]
@@ -224,10 +252,40 @@ def recall_curves(recall_table, title: str | None = None):
     return _finish(fig, title)
 
 
-def strategy_accuracy(summary, title: str | None = None, chance: float | None = None):
+def _panels(effects, measure, size):
+    """A figure with a left panel, and a right one for the paired differences on a continuous measure when
+    `effects` (from `stats.versus_baseline`) hold one; returns (figure, left axes, right axes or None, measure)."""
+    import matplotlib.pyplot as plt
+
+    held = [] if effects is None else [m for m in dict.fromkeys(effects["measure"]) if as_measure(m).binary is False]
+    name = measure or (held[-1] if held else None)
+    if name is None:
+        fig, ax = plt.subplots(figsize=size)
+        return fig, ax, None, None
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(2 * size[0], size[1]))
+    return fig, ax, bx, as_measure(name)
+
+
+def _difference_panel(ax, effects, m, column: str, labels, baseline: str):
+    """Paired differences from the baseline with 95% bootstrap intervals, one row per label, a line at 0."""
+    e = effects[effects["measure"] == m.name].set_index(column).reindex(labels)
+    y = np.arange(len(labels))[::-1]
+    ax.errorbar(e["diff"], y, xerr=[e["diff"] - e["diff_low"], e["diff_high"] - e["diff"]], fmt="o", color="C2",
+                capsize=3)
+    ax.axvline(0, color="C0", linestyle="--", linewidth=1)
+    ax.set_yticks(y, [str(x).replace("|", " · ") for x in labels])
+    n = int(e["n"].dropna().iloc[0]) if e["n"].notna().any() else 0
+    ax.set_xlabel(f"{m.label.capitalize()} minus {baseline} ({m.unit}; 95% paired bootstrap, n = {n})")
+    ax.grid(alpha=0.3, axis="x")
+
+
+def strategy_accuracy(summary, title: str | None = None, chance: float | None = None, effects=None,
+                      measure: str | None = None):
     """Accuracy (Wilson 95%) of each strategy x variant condition from `strategies.summarize`, oracle
-    placements in grey, other variants in orange; the dashed line is the first (baseline) condition."""
-    fig, ax = _new_axes(None, (7, 0.38 * len(summary) + 1.5))
+    placements in grey, other variants in orange, the dashed line the first (baseline) condition; with
+    `effects` (`strategies.effects`), a second panel: each condition minus the baseline on a continuous
+    measure (`measure`, default the margin, else the gold log-likelihood), paired over questions."""
+    fig, ax, bx, m = _panels(effects, measure, (7, 0.38 * len(summary) + 1.5))
     y = np.arange(len(summary))[::-1]
     colors = ["grey" if a.startswith("gold@") else ("C1" if v != summary["variant"].iloc[0] else "C0")
               for a, v in zip(summary["arrangement"], summary["variant"])]
@@ -242,7 +300,11 @@ def strategy_accuracy(summary, title: str | None = None, chance: float | None = 
     ax.set_xlim(-0.02, 1.02)
     ax.set_xlabel("Accuracy (95% Wilson interval)")
     ax.grid(alpha=0.3, axis="x")
-    return _finish(fig, title, ax)
+    if bx is not None:
+        base = summary["condition"].iloc[0]
+        _difference_panel(bx, effects, m, "condition", list(summary["condition"].iloc[1:]), base.replace("|", " · "))
+        bx.set_ylim(ax.get_ylim()[0], ax.get_ylim()[1] - 1)
+    return _finish(fig, title, None if bx is not None else ax)
 
 
 def rank_placement_bars(placement, title: str | None = None):
@@ -284,10 +346,13 @@ def accuracy_vs_reuse(layout_summary, title: str | None = None):
     return _finish(fig, title, ax)
 
 
-def accuracy_vs_kept_tokens(summary, title: str | None = None, chance: float | None = None):
+def accuracy_vs_kept_tokens(summary, title: str | None = None, chance: float | None = None, effects=None,
+                            measure: str | None = None):
     """Accuracy (Wilson 95%) against the mean prompt tokens kept, one line per compression strategy across
-    its budgets, the uncompressed prompt as a star (from `compression_study.summarize`)."""
-    fig, ax = _new_axes(None, (6.5, 4.2))
+    its budgets, the uncompressed prompt as a star (from `compression_study.summarize`); with `effects`
+    (`compression_study.effects`), a second panel: each strategy and budget minus the uncompressed prompt on
+    a continuous measure (default the margin, else the gold log-likelihood), paired over questions."""
+    fig, ax, bx, m = _panels(effects, measure, (6.5, 4.2))
     for i, (s, g) in enumerate(summary.groupby("strategy", sort=False)):
         g = g.sort_values("prompt_tokens")
         err = [g["accuracy"] - g["ci_low"], g["ci_high"] - g["accuracy"]]
@@ -301,7 +366,9 @@ def accuracy_vs_kept_tokens(summary, title: str | None = None, chance: float | N
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    return _finish(fig, title, ax)
+    if bx is not None:
+        _difference_panel(bx, effects, m, "arm", list(dict.fromkeys(effects["arm"])), "uncompressed")
+    return _finish(fig, title, None if bx is not None else ax)
 
 
 def evidence_survival_bars(summary, title: str | None = None):

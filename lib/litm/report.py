@@ -3,7 +3,7 @@ which says whether two runs differ in their position profile (and can gate a CI 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,37 +56,38 @@ def load_results(paths) -> "pd.DataFrame":
 
 @dataclass
 class SweepReport:
-    """The numbers of one sweep: per-condition summary, middle penalty, tests, counts."""
+    """The numbers of one sweep: the per-condition summary (every measure) and, per measure with the primary
+    one first, the middle penalty with its paired tests."""
 
     sweep_id: str
     config: dict
     summary: "pd.DataFrame"
-    penalty: stats.Estimate | None
-    tests: list[stats.TestResult]
-    n_questions: int
+    effects: list[stats.Effect]  # primary first; empty with fewer than three gold positions
+    primary: stats.Measure
+    n_questions: int  # paired questions under the primary measure
     dropped: int
-    value: str
     runs: list[str]
 
+    @property
+    def penalty(self) -> stats.Estimate | None:
+        """The primary measure's middle penalty."""
+        return self.effects[0].estimate if self.effects else None
 
-def analyse(df, n_boot: int = 10_000, seed: int = 0) -> list[SweepReport]:
-    """One SweepReport per sweep found in `df` (from `load_results` or `sweep()`)."""
+
+def analyse(df, n_boot: int = 10_000, seed: int = 0, primary: str | None = None) -> list[SweepReport]:
+    """One SweepReport per sweep found in `df` (from `load_results` or `sweep()`); `primary` names the
+    measure to lead with (default: the first the records hold, see `stats.measures_in`)."""
     out = []
     for sid, g in df.groupby("sweep_id", sort=False):
-        table = stats.paired_table(g)
-        value = stats.value_column(g)
-        positions = [c for c in table.conditions if isinstance(c, (int, np.integer))]
-        penalty = stats.middle_penalty(table, n_boot=n_boot, seed=seed) if len(positions) >= 3 else None
-        tests = []
-        if table.binary and len(positions) >= 2:
-            cols = [table.conditions.index(p) for p in positions]
-            tests.append(stats.cochrans_q(table.values[:, cols]))
-            if len(positions) >= 3:
-                _, middle = stats.edges_and_middle(positions)
-                test = stats.mcnemar_exact(table.column(positions[0]), table.column(middle[0]))
-                tests.append(replace(test, name=f"McNemar exact: position {positions[0] + 1} vs {middle[0] + 1}"))
-        out.append(SweepReport(sid, json.loads(g["sweep_config"].iloc[0]), summarize(g), penalty, tests,
-                               len(table.ids), table.dropped, value, sorted(g["config_hash"].unique())))
+        first = stats.primary_measure(g, primary)
+        held = [first] + [m for m in stats.measures_in(g) if m != first]
+        tables = {m.name: stats.paired_table(g, m.column) for m in held}
+        t = tables[first.name]
+        positions = [c for c in t.conditions if isinstance(c, (int, np.integer))]
+        effects = ([stats.middle_effect(tables[m.name], m, n_boot, seed) for m in held] if len(positions) >= 3
+                   else [])
+        out.append(SweepReport(sid, json.loads(g["sweep_config"].iloc[0]), summarize(g), effects, first,
+                               len(t.ids), t.dropped, sorted(g["config_hash"].unique())))
     return out
 
 
@@ -94,38 +95,52 @@ def _cond_label(row) -> str:
     return f"gold at {int(row.position) + 1}" if row.condition == "documents" else row.condition
 
 
-def _estimate(row, accuracy: bool) -> tuple:
-    """A summary row's value and interval: accuracy (Wilson) or mean gold log-likelihood (t)."""
-    if accuracy:
-        return row.accuracy, row.ci_low, row.ci_high
-    return row.mean_loglik, row.loglik_ci_low, row.loglik_ci_high
+def _held(r: SweepReport) -> list[stats.Measure]:
+    return [r.primary] + [m for m in stats.MEASURES.values() if m != r.primary and m.summary[0] in r.summary]
 
 
-def _fmt(v: float, pct: bool) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and np.isnan(v)) else (f"{100 * v:.1f}" if pct else f"{v:.3f}")
+def effect_line(e: stats.Effect, what: str = "Middle penalty (edges minus middle)") -> str:
+    """One sentence: an effect's estimate, interval, n and tests."""
+    m, est = e.measure, e.estimate
+    tests = "; ".join(f"{t.name} p = {t.p_value:.3g}" for t in e.tests)
+    return (f"{what}, {m.label}: {m.format(est.value, True)} {m.unit}, 95% CI [{m.format(est.low, True)}, "
+            f"{m.format(est.high, True)}], n = {est.n} questions (paired bootstrap, {est.n_boot} draws, "
+            f"p = {est.p_value:.3g}; {tests}).")
+
+
+def difference_line(effects, condition, baseline: str, measure: str, column: str = "condition") -> str:
+    """One sentence for a row of `stats.versus_baseline`: the paired difference, its interval, n and tests."""
+    m = stats.measure(measure)
+    rows = effects[(effects[column] == condition) & (effects["measure"] == m.name)]
+    if rows.empty:
+        raise StatsError(f"no {m.label} difference for {condition!r}; the table holds "
+                         f"{sorted(set(effects[column]))} on {sorted(set(effects['measure']))}.")
+    r = rows.iloc[0]
+    tests = "; ".join(f"{name} p = {r[col]:.3g}" for name, col in (("McNemar", "mcnemar_p"), ("paired t", "t_p"),
+                                                                    ("Wilcoxon", "wilcoxon_p"))
+                      if col in r and r[col] == r[col])
+    return (f"{condition} minus {baseline}, {m.label}: {m.format(r['diff'], True)} {m.unit}, 95% CI "
+            f"[{m.format(r['diff_low'], True)}, {m.format(r['diff_high'], True)}], n = {int(r['n'])} questions "
+            f"(paired bootstrap p = {r['p_boot']:.3g}; {tests}).")
 
 
 def to_markdown(reports: list[SweepReport]) -> str:
     lines = ["# Position-sweep report", ""]
     for r in reports:
-        c = r.config
-        acc = r.value == "correct"
+        c, held = r.config, _held(r)
         lines += [f"## {c.get('task')} · {c.get('model')} · {c.get('num_docs')} documents · {c.get('scoring')}", "",
                   f"Sweep `{r.sweep_id}`; {r.n_questions} paired questions"
-                  + (f" ({r.dropped} dropped: not scored under every condition)" if r.dropped else "") + ".", ""]
-        lines += [f"| condition | n | too long | {'accuracy (%)' if acc else 'mean gold log-lik'} | 95% CI |",
-                  "| --- | ---: | ---: | ---: | --- |"]
+                  + (f" ({r.dropped} dropped: not scored under every condition)" if r.dropped else "")
+                  + f"; primary measure: {r.primary.label}.", ""]
+        lines += ["| condition | n | too long | " + " | ".join(f"{m.label} ({'%' if m.binary else m.unit}) [95% CI]" for m in held) + " |",
+                  "| --- | ---: | ---: |" + " ---: |" * len(held)]
         for row in r.summary.itertuples():
-            v, lo, hi = _estimate(row, acc)
-            lines.append(f"| {_cond_label(row)} | {row.n} | {row.too_long} | {_fmt(v, acc)} | "
-                         f"[{_fmt(lo, acc)}, {_fmt(hi, acc)}] |")
+            cells = [f"{m.format(getattr(row, v))} [{m.format(getattr(row, lo))}, {m.format(getattr(row, hi))}]"
+                     for m in held for v, lo, hi in [m.summary]]
+            lines.append(f"| {_cond_label(row)} | {row.n} | {row.too_long} | " + " | ".join(cells) + " |")
         lines.append("")
-        if p := r.penalty:
-            lines.append(f"Middle penalty (edges minus middle): {_fmt(p.value, acc)}{' points' if acc else ' nats'}, "
-                         f"95% CI [{_fmt(p.low, acc)}, {_fmt(p.high, acc)}] (paired bootstrap over questions, "
-                         f"{p.n_boot} draws; p = {p.p_value:.3g}).")
-        for t in r.tests:
-            lines.append(f"- {t.name}: statistic {t.statistic:.3g}, p = {t.p_value:.3g}")
+        lines += [("- **" + effect_line(e) + "** (primary)") if i == 0 else "- " + effect_line(e)
+                  for i, e in enumerate(r.effects)]
         lines += ["", f"Model: {c.get('model')}; runs (config hashes): {', '.join(r.runs)}", ""]
     return "\n".join(lines)
 
@@ -133,34 +148,40 @@ def to_markdown(reports: list[SweepReport]) -> str:
 def to_latex(reports: list[SweepReport]) -> str:
     out = []
     for r in reports:
-        c = r.config
-        acc = r.value == "correct"
-        out += [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{lrrr}", r"\toprule",
-                r"Condition & $n$ & " + (r"Accuracy (\%)" if acc else "Mean gold log-lik") + r" & 95\% CI \\",
-                r"\midrule"]
+        c, held = r.config, _held(r)
+        out += [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{lr" + "r" * len(held) + "}", r"\toprule",
+                r"Condition & $n$ & " + " & ".join(m.label.capitalize() + (r" (\%)" if m.binary else f" ({m.unit})")
+                                                   for m in held) + r" \\", r"\midrule"]
         for row in r.summary.itertuples():
-            v, lo, hi = _estimate(row, acc)
-            out.append(f"{_cond_label(row)} & {row.n} & {_fmt(v, acc)} & [{_fmt(lo, acc)}, {_fmt(hi, acc)}] \\\\")
-        out.append(r"\midrule")
-        if p := r.penalty:
-            out.append(f"Middle penalty & {p.n} & {_fmt(p.value, acc)} & [{_fmt(p.low, acc)}, {_fmt(p.high, acc)}] \\\\")
+            cells = [f"{m.format(getattr(row, v))} [{m.format(getattr(row, lo))}, {m.format(getattr(row, hi))}]"
+                     for m in held for v, lo, hi in [m.summary]]
+            out.append(f"{_cond_label(row)} & {row.n} & " + " & ".join(cells) + r" \\")
+        if r.effects:
+            out.append(r"\midrule")
+            by = {e.measure.name: e.estimate for e in r.effects}
+            cells = [f"{m.format(by[m.name].value, True)} [{m.format(by[m.name].low, True)}, "
+                     f"{m.format(by[m.name].high, True)}]" if m.name in by else "" for m in held]
+            out.append(f"Middle penalty & {r.effects[0].estimate.n} & " + " & ".join(cells) + r" \\")
         model = str(c.get("model")).replace("_", r"\_")
-        tests = "; ".join(f"{t.name} $p={t.p_value:.3g}$" for t in r.tests)
+        tests = "; ".join(f"{e.measure.label}: " + ", ".join(f"{t.name} $p={t.p_value:.3g}$" for t in e.tests)
+                          for e in r.effects)
         out += [r"\bottomrule", r"\end{tabular}",
                 f"\\caption{{{c.get('task')}, {model}, {c.get('num_docs')} documents, {c.get('scoring')} scoring; "
-                f"Wilson (accuracy) or $t$ (log-likelihood) intervals; middle penalty by paired bootstrap. "
-                f"{tests}. Sweep \\texttt{{{r.sweep_id}}}.}}", r"\end{table}", ""]
+                f"primary measure: {r.primary.label}. Wilson (accuracy) or $t$ (continuous) 95\\% intervals; middle "
+                f"penalty (edges minus middle) by paired bootstrap over questions. {tests}. "
+                f"Sweep \\texttt{{{r.sweep_id}}}.}}}}", r"\end{table}", ""]
     return "\n".join(out)
 
 
-def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, seed: int = 0) -> dict:
+def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, seed: int = 0,
+                 primary: str | None = None) -> dict:
     """Analyse results and write report.md, report.tex and one position-curve figure per sweep."""
     import matplotlib.pyplot as plt
 
     from .plots import position_curve, save_figure
 
     df = load_results(paths)
-    reports = analyse(df, n_boot=n_boot, seed=seed)
+    reports = analyse(df, n_boot=n_boot, seed=seed, primary=primary)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, tex = to_markdown(reports), to_latex(reports)
@@ -169,7 +190,8 @@ def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, s
     figures = []
     for r in reports:
         g = df[df["sweep_id"] == r.sweep_id]
-        fig = position_curve(g, title=f"{r.config.get('task')} - {r.config.get('model')}")
+        fig = position_curve(g, title=f"{r.config.get('task')} - {r.config.get('model')}",
+                             measure=None if r.primary.binary else r.primary.name)
         figures += save_figure(fig, f"position-curve-{r.sweep_id}", out)
         plt.close(fig)
     return {"markdown": md, "latex": tex, "figures": figures, "reports": reports}
@@ -194,12 +216,12 @@ def _one_sweep(df, side: str):
 
 
 def compare(a_paths, b_paths, n_boot: int = 10_000, seed: int = 0, different_configs: bool = False,
-            level: float = 0.95) -> Comparison:
+            level: float = 0.95, measure: str | None = None) -> Comparison:
     """Do runs A and B (same questions, same positions) differ in their position profile?
 
-    Decided by paired bootstraps over questions of the change in middle penalty and in mean accuracy
-    (or log-likelihood) over the gold positions.  A regression is a significantly larger penalty or a
-    significantly lower mean in B.
+    Decided by paired bootstraps over questions of the change in middle penalty and in the mean over the
+    gold positions, on `measure` (default: accuracy, else the gold log-likelihood).  A regression is a
+    significantly larger penalty or a significantly lower mean in B.
     """
     a, b = load_results(a_paths), load_results(b_paths)
     ca, cb = _one_sweep(a, "A"), _one_sweep(b, "B")
@@ -209,7 +231,8 @@ def compare(a_paths, b_paths, n_boot: int = 10_000, seed: int = 0, different_con
         raise StatsError(f"A and B differ in {sorted(unsaid)} ({unsaid}); compare runs that differ only in "
                          f"the model, or say so with different_configs=True (--different-configs).")
     a, b = a[a["condition"] == "documents"], b[b["condition"] == "documents"]
-    ta, tb = stats.paired_table(a), stats.paired_table(b)
+    m = stats.primary_measure(a, measure) if measure else None
+    ta, tb = stats.paired_table(a, m and m.column), stats.paired_table(b, m and m.column)
     if set(ta.ids) != set(tb.ids) and not different_configs:
         raise StatsError(f"A and B are not paired: {len(ta.ids)} and {len(tb.ids)} questions, "
                          f"{len(set(ta.ids) & set(tb.ids))} in common. Run both on the same data, seed and limit.")

@@ -67,13 +67,74 @@ class PairedTable:
         return bool(np.isin(self.values, (0.0, 1.0)).all())
 
 
+# ----------------------------------------------------------------------------- measures
+@dataclass(frozen=True)
+class Measure:
+    """What a record is scored by.  Higher is better for every measure, so a middle penalty (edges minus
+    middle) and a difference from a baseline read the same way for all of them."""
+
+    name: str
+    column: str  # the record field
+    label: str
+    unit: str  # "points" (a share, shown x 100) or "nats"
+    binary: bool
+    summary: tuple[str, str, str]  # its value and interval columns in `experiment.summarize`
+
+    def scale(self, v: float) -> float:
+        return 100 * v if self.unit == "points" else v
+
+    def format(self, v, sign: bool = False) -> str:
+        """A value in the measure's unit: points with one decimal, nats with two."""
+        if v is None or np.isnan(v):
+            return "n/a"
+        return f"{self.scale(v):{'+' if sign else ''}.{1 if self.unit == 'points' else 2}f}"
+
+
+MEASURES = {
+    "accuracy": Measure("accuracy", "correct", "accuracy", "points", True, ("accuracy", "ci_low", "ci_high")),
+    "loglik": Measure("loglik", "gold_loglik", "gold answer log-likelihood", "nats", False,
+                      ("mean_loglik", "loglik_ci_low", "loglik_ci_high")),
+    "margin": Measure("margin", "gold_margin", "gold margin over the best other candidate", "nats", False,
+                      ("mean_margin", "margin_ci_low", "margin_ci_high")),
+}
+
+
+def measure(name: str | Measure) -> Measure:
+    if isinstance(name, Measure):
+        return name
+    if name not in MEASURES:
+        raise StatsError(f"unknown measure {name!r}: use one of {list(MEASURES)}.")
+    return MEASURES[name]
+
+
+def measures_in(df) -> list[Measure]:
+    """The measures the records hold: accuracy unless log-likelihood scoring, the gold's log-likelihood
+    unless generation, the margin under forced choice (records written before it was stored lack it)."""
+    ok = df[df["status"] == "ok"] if "status" in df else df
+    return [m for m in MEASURES.values() if m.column in ok and ok[m.column].notna().any()]
+
+
 def value_column(df) -> str:
     """`correct` when the records have it (accuracy), else `gold_loglik`."""
-    if "correct" in df and df["correct"].notna().any():
-        return "correct"
-    if "gold_loglik" in df and df["gold_loglik"].notna().any():
-        return "gold_loglik"
-    raise StatsError("the records have neither correctness nor gold log-likelihoods to analyse.")
+    found = [m.column for m in measures_in(df) if m.name != "margin"]
+    if not found:
+        raise StatsError("the records have neither correctness nor gold log-likelihoods to analyse.")
+    return found[0]
+
+
+def primary_measure(df, primary: str | Measure | None = None) -> Measure:
+    """The measure a report leads with: `primary` (an error when the records lack it), else the first held."""
+    held = measures_in(df)
+    if primary is None:
+        if not held:
+            raise StatsError("the records hold no measure to analyse (no correctness, no log-likelihoods).")
+        return held[0]
+    m = measure(primary)
+    if m not in held:
+        raise StatsError(f"the records hold no {m.label} ({m.column}); they hold {[h.name for h in held]}. "
+                         + ("Forced choice (scoring='choice') stores the margin; records written before it did lack it: rerun "
+                            "into a new results folder." if m.name == "margin" else "Choose another measure."))
+    return m
 
 
 def condition_key(row) -> object:
@@ -200,6 +261,76 @@ def difference(table: PairedTable, a, b, n_boot: int = 10_000, seed: int = 0, le
     return bootstrap(table, lambda m: m[..., ia] - m[..., ib], n_boot, seed, level)
 
 
+@dataclass(frozen=True)
+class Effect:
+    """One measure's paired comparison: the estimate with its bootstrap interval over questions, and tests."""
+
+    measure: Measure
+    estimate: Estimate
+    tests: list
+
+
+def middle_effect(table: PairedTable, m: str | Measure, n_boot: int = 10_000, seed: int = 0) -> Effect:
+    """The middle penalty on a measure's table, with Cochran's Q over the positions and McNemar's test of
+    the first position against the middle (right/wrong), or the paired t and Wilcoxon tests of each
+    question's edge mean against its middle mean (continuous)."""
+    m = measure(m)
+    positions = [c for c in table.conditions if isinstance(c, (int, np.integer))]
+    edges, middle = edges_and_middle(positions)
+    col = table.conditions.index
+    if m.binary:
+        q = cochrans_q(table.values[:, [col(p) for p in positions]])
+        test = mcnemar_exact(table.column(positions[0]), table.column(middle[0]))
+        tests = [q, TestResult(f"McNemar exact: position {positions[0] + 1} vs {middle[0] + 1}", test.statistic,
+                               test.p_value, test.detail)]
+    else:
+        tests = paired_tests(table.values[:, [col(p) for p in edges]].mean(1),
+                             table.values[:, [col(p) for p in middle]].mean(1), False)
+    return Effect(m, middle_penalty(table, n_boot, seed), tests)
+
+
+def baseline_effect(table: PairedTable, condition, baseline, m: str | Measure, n_boot: int = 10_000,
+                    seed: int = 0) -> Effect:
+    """A condition minus the baseline on a measure's table, with the paired tests of `paired_tests`."""
+    m = measure(m)
+    return Effect(m, difference(table, condition, baseline, n_boot, seed),
+                  paired_tests(table.column(condition), table.column(baseline), m.binary))
+
+
+_P_COLUMN = {"McNemar exact": "mcnemar_p", "paired t": "t_p", "Wilcoxon signed-rank": "wilcoxon_p"}
+
+
+def versus_baseline(df, baseline, measures=None, condition: str = "condition", unit: str = "example_id",
+                    n_boot: int = 10_000, seed: int = 0):
+    """Each condition minus `baseline`, per measure (default: every one the records hold), paired over
+    units: one row per condition and measure with the difference, its bootstrap 95% interval and p-value,
+    and the paired tests (McNemar for right/wrong values, else paired t and Wilcoxon).  A unit's records
+    under one condition are averaged first (e.g. its gold positions), so the units resampled are whole
+    questions.  Units without a value under every condition (too long, not scored) are left out."""
+    import pandas as pd
+
+    conds = list(dict.fromkeys(df[condition]))
+    if baseline not in conds:
+        raise StatsError(f"baseline {baseline!r} is not one of the conditions {conds}.")
+    ok = df[df["status"] == "ok"] if "status" in df else df
+    rows = []
+    for m in [measure(x) for x in measures] if measures else measures_in(df):
+        wide = ok.pivot_table(index=unit, columns=condition, values=m.column, aggfunc="mean")
+        wide = wide.reindex(columns=conds).astype(float).dropna()
+        if len(wide) < 2:
+            raise StatsError(f"fewer than two {unit}s have a {m.label} under every condition; nothing to pair.")
+        table = PairedTable(tuple(wide.index), tuple(conds), wide.to_numpy())
+        for c in conds:
+            if c == baseline:
+                continue
+            est = difference(table, c, baseline, n_boot, seed)
+            tests = paired_tests(table.column(c), table.column(baseline), table.binary)
+            rows.append({condition: c, "measure": m.name, "n": est.n, "diff": est.value, "diff_low": est.low,
+                         "diff_high": est.high, "p_boot": est.p_value,
+                         **{_P_COLUMN[t.name]: t.p_value for t in tests}})
+    return pd.DataFrame(rows)
+
+
 # ----------------------------------------------------------------------------- exact and rank tests
 @dataclass(frozen=True)
 class TestResult:
@@ -214,6 +345,38 @@ def _binary(x, what: str) -> np.ndarray:
     if not np.isin(x, (0.0, 1.0)).all():
         raise StatsError(f"{what} needs right/wrong outcomes (0/1); these records hold continuous scores.")
     return x
+
+
+def paired_t(a, b) -> TestResult:
+    """Paired t-test of a - b (two-sided), from the differences' mean and standard deviation."""
+    from scipy.stats import t as t_dist
+
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if d.size < 2:
+        raise StatsError(f"a paired t-test needs at least two pairs, got {d.size}.")
+    sd = float(d.std(ddof=1))
+    if sd == 0:
+        return TestResult("paired t", float("nan"), 1.0 if d.mean() == 0 else 0.0, {"df": d.size - 1})
+    t = float(d.mean() / (sd / math.sqrt(d.size)))
+    return TestResult("paired t", t, float(2 * t_dist.sf(abs(t), d.size - 1)), {"df": d.size - 1})
+
+
+def wilcoxon_signed_rank(a, b) -> TestResult:
+    """Wilcoxon signed-rank test of a - b (two-sided; zero differences dropped, exact when small and untied)."""
+    from scipy.stats import wilcoxon
+
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    nonzero = int((d != 0).sum())
+    if nonzero == 0:
+        return TestResult("Wilcoxon signed-rank", 0.0, 1.0, {"nonzero": 0})
+    r = wilcoxon(d, zero_method="wilcox")
+    return TestResult("Wilcoxon signed-rank", float(r.statistic), float(r.pvalue), {"nonzero": nonzero})
+
+
+def paired_tests(a, b, binary: bool) -> list[TestResult]:
+    """The paired tests of a against b: McNemar's exact test for right/wrong outcomes, the paired t-test
+    and the Wilcoxon signed-rank test for continuous ones."""
+    return [mcnemar_exact(a, b)] if binary else [paired_t(a, b), wilcoxon_signed_rank(a, b)]
 
 
 def mcnemar_exact(a, b) -> TestResult:

@@ -218,34 +218,31 @@ def run(config: StrategyConfig, model: LoadedModel | None = None):
     return study.run(model or load_model(config.model))
 
 
-def summarize(df, baseline: str | None = None, n_boot: int = 10_000, seed: int = 0):
-    """Per condition: accuracy with a Wilson 95% interval, where the gold sat, how often it was retrieved,
-    and the paired difference from `baseline` (default: the first condition) with a bootstrap 95%
-    interval over questions and McNemar's exact p-value."""
+def summarize(df):
+    """Per condition: accuracy with a Wilson 95% interval, how often the gold was retrieved and where it sat
+    (the paired differences from a baseline are `effects`)."""
     import pandas as pd
 
-    from .stats import difference, mcnemar_exact, paired_table, proportion_interval
+    from .stats import proportion_interval
 
-    conds = list(dict.fromkeys(df["condition"]))
-    baseline = baseline or conds[0]
-    if baseline not in conds:
-        raise ConfigError(f"baseline {baseline!r} is not one of the conditions {conds}.")
-    table = paired_table(df, "correct", conds)
     rows = []
-    for c in conds:
+    for c in dict.fromkeys(df["condition"]):
         g = df[(df["condition"] == c) & (df["status"] == "ok")]
         acc, lo, hi = proportion_interval(g["correct"])
-        row = {"condition": c, "arrangement": g["arrangement"].iloc[0], "variant": g["variant"].iloc[0],
-               "n": len(g), "accuracy": acc, "ci_low": lo, "ci_high": hi,
-               "gold_retrieved": float(g["gold_retrieved"].mean()),
-               "mean_gold_position": float(g["gold_index"].dropna().mean() + 1) if g["gold_index"].notna().any()
-               else float("nan")}
-        if c != baseline:
-            est = difference(table, c, baseline, n_boot=n_boot, seed=seed)
-            row.update(diff=est.value, diff_low=est.low, diff_high=est.high,
-                       mcnemar_p=mcnemar_exact(table.column(c), table.column(baseline)).p_value)
-        rows.append(row)
+        rows.append({"condition": c, "arrangement": g["arrangement"].iloc[0], "variant": g["variant"].iloc[0],
+                     "n": len(g), "accuracy": acc, "ci_low": lo, "ci_high": hi,
+                     "gold_retrieved": float(g["gold_retrieved"].mean()),
+                     "mean_gold_position": float(g["gold_index"].dropna().mean() + 1) if g["gold_index"].notna().any()
+                     else float("nan")})
     return pd.DataFrame(rows)
+
+
+def effects(df, baseline: str | None = None, n_boot: int = 10_000, seed: int = 0):
+    """Each condition minus `baseline` (default: the first condition) on every measure the records hold,
+    paired over questions (`stats.versus_baseline`)."""
+    from .stats import versus_baseline
+
+    return versus_baseline(df, baseline or df["condition"].iloc[0], n_boot=n_boot, seed=seed)
 
 
 def rank_placement(df, ranks: int = 3):

@@ -13,7 +13,7 @@ One job per module: `cases` (reading a user's cases), `design` (the config and t
 from .analysis import adjacency_counts, case_table, length_spread, measures, placement_effects
 from .cases import case_from_record, read_cases, with_adversarial
 from .design import DEPTHS, DiagnoseConfig, Trial, design, latin_rows, neighbours, prepare_cases, slots_for, trials_for
-from .report import to_markdown, write_report
+from .report import penalty_lines, to_markdown, write_report
 from .study import ABSTAIN_ANSWER, DiagnoseStudy, choices, run, score_answer, score_choice
 from .verdict import Diagnosis, Rule, compare_models, diagnose
 

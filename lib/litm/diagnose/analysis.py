@@ -60,11 +60,11 @@ def length_spread(df):
     return out.reset_index()
 
 
-def case_table(df, length: int = 1) -> stats.PairedTable:
-    """Cases x placements: each case's accuracy at each placement (mean over seeds and orders), cases with
-    a prompt at every placement only."""
+def case_table(df, length: int = 1, value: str = "correct") -> stats.PairedTable:
+    """Cases x placements: each case's accuracy (or another record field, `value`) at each placement (mean
+    over seeds and orders), cases with a prompt at every placement only."""
     d = df[(df["condition"] == "documents") & (df["length"] == length) & (df["status"] == "ok") & df["gold_in_prompt"]]
-    wide = d.pivot_table(index="case_id", columns="placement", values="correct", aggfunc="mean")
+    wide = d.pivot_table(index="case_id", columns="placement", values=value, aggfunc="mean")
     placements = sorted(df.loc[df["condition"] == "documents", "placement"].dropna().astype(int).unique())
     wide = wide.reindex(columns=placements).astype(float)
     full = wide.dropna()
@@ -72,10 +72,11 @@ def case_table(df, length: int = 1) -> stats.PairedTable:
                              dropped=len(wide) - len(full))
 
 
-def placement_effects(rows, n_boot: int = 2000, seed: int = 0) -> dict | None:
-    """Accuracy by placement adjusted for a conflicting neighbour: a linear probability model of correctness
-    on one indicator per placement plus "a conflicting document is next to the gold", fitted to every
-    scored prompt with the gold, with a bootstrap over cases (each case's prompts resampled together).
+def placement_effects(rows, n_boot: int = 2000, seed: int = 0, value: str = "correct") -> dict | None:
+    """A measure by placement adjusted for a conflicting neighbour: a linear model of `value` (correctness by
+    default: a linear probability model; or the gold's margin or log-likelihood) on one indicator per
+    placement plus "a conflicting document is next to the gold", fitted to every scored prompt with the
+    gold, with a bootstrap over cases (each case's prompts resampled together).
 
     Returns the middle penalty (mean of the edge placements' coefficients minus the middle's), the
     neighbour's effect (None when it never varies or cannot be told apart from placement) and the adjusted
@@ -99,7 +100,7 @@ def placement_effects(rows, n_boot: int = 2000, seed: int = 0) -> dict | None:
             X = Xa
     else:
         note = "no conflicting documents to adjust for" if not adjacent.any() else "every prompt has a conflicting neighbour"
-    y = rows["correct"].astype(float).to_numpy()
+    y = rows[value].astype(float).to_numpy()
     edges, middle = stats.edges_and_middle(placements)
     e = [placements.index(p) for p in edges]
     mid = [placements.index(p) for p in middle]

@@ -3,9 +3,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import stats
 from .analysis import length_spread
 from .design import DiagnoseConfig
-from .verdict import Diagnosis, _ci, _pct
+from .verdict import Diagnosis, _pct
+
+
+def penalty_lines(d: Diagnosis) -> list[str]:
+    """The middle penalty of each measure (edges minus middle, adjusted for a conflicting neighbour, bootstrap
+    over cases), the primary one first."""
+    lines = []
+    for name, e in d.penalties.items():
+        m = stats.measure(name)
+        text = ("not estimable (needs 2 cases with the gold at 3 placements)" if e is None else
+                f"{m.format(e.value, True)} {m.unit}, 95% CI [{m.format(e.low, True)}, {m.format(e.high, True)}], "
+                f"n = {e.n} cases, p = {e.p_value:.3g}")
+        lines.append(f"{'Primary: ' if name == d.primary else ''}middle penalty, {m.label} (edges minus middle, "
+                     f"adjusted for a conflicting neighbour, bootstrap over cases): {text}")
+    return lines
 
 
 def to_markdown(diagnoses: list[Diagnosis], config: DiagnoseConfig, comparison=None, figures=()) -> str:
@@ -34,9 +49,7 @@ def to_markdown(diagnoses: list[Diagnosis], config: DiagnoseConfig, comparison=N
                          f"{_pct(r['ci_high'])}] | {_pct(r['supported'])} | {_pct(r['wrong_source'])} | "
                          f"{_pct(r['abstained'])} | {_pct(r['gold_in_prompt'])} | {start} | {depth} | "
                          f"{r['prompt_tokens']:.0f} ({r['tokens_min']}-{r['tokens_max']}) |")
-        if d.penalty is not None:
-            lines += ["", f"Middle penalty (edges minus middle, adjusted for a conflicting neighbour, bootstrap "
-                               f"over cases): {_ci(d.penalty)}."]
+        lines += [""] + [f"- {line}" for line in penalty_lines(d)]
         lines += ["", "### Verdict", ""]
         lines.append(f"**{'; '.join(d.verdict) or 'no rule fired: no clear failure pattern at this sample size'}**")
         lines += ["", "| rule | fired | when it fires | evidence | next step |", "|---|---|---|---|---|"]

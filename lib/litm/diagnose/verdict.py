@@ -29,8 +29,10 @@ class Diagnosis:
     model: str
     records: object  # DataFrame, one row per prompt
     measures: object  # DataFrame (`measures`)
-    penalty: stats.Estimate | None
+    penalty: stats.Estimate | None  # accuracy's, which the rules use
     rules: list[Rule] = field(default_factory=list)
+    primary: str = "accuracy"
+    penalties: dict = field(default_factory=dict)  # measure name -> adjusted middle penalty (or None), primary first
 
     @property
     def verdict(self) -> list[str]:
@@ -45,8 +47,9 @@ def _ci(e: stats.Estimate) -> str:
     return f"{100 * e.value:+.1f} points [{100 * e.low:+.1f}, {100 * e.high:+.1f}], p = {e.p_value:.3g}"
 
 
-def diagnose(df, n_boot: int = 2000, seed: int = 0) -> Diagnosis:
-    """Measures, the middle penalty and the verdict rules for one model's records."""
+def diagnose(df, n_boot: int = 2000, seed: int = 0, primary: str = "accuracy") -> Diagnosis:
+    """Measures, the middle penalty of every measure the records hold (`primary` first; the rules read
+    accuracy's) and the verdict rules for one model's records."""
     m = measures(df)
     docs = df[df["condition"] == "documents"]
     base = docs[docs["length"] == 1]
@@ -138,7 +141,11 @@ def diagnose(df, n_boot: int = 2000, seed: int = 0) -> Diagnosis:
         "longest (paired bootstrap over cases), and no position sensitivity at the own length",
         evidence,
         "send fewer or shorter documents (compression, notebook 05), or use a model trained for longer contexts."))
-    return Diagnosis(str(df["model"].iloc[0]) if "model" in df and len(df) else "", df, m, penalty, rules)
+    first = stats.primary_measure(ok_base, primary)
+    penalties = {x.name: (eff if x.name == "accuracy" else placement_effects(ok_base, n_boot, seed, x.column))
+                 for x in [first] + [x for x in stats.measures_in(ok_base) if x != first]}
+    return Diagnosis(str(df["model"].iloc[0]) if "model" in df and len(df) else "", df, m, penalty, rules,
+                     first.name, {k: v["penalty"] if v else None for k, v in penalties.items()})
 
 
 def compare_models(a: Diagnosis, b: Diagnosis, n_boot: int = 2000, seed: int = 0):

@@ -1,0 +1,64 @@
+"""Sizing a study by power from a pilot: the numbers come from statsmodels' power solver and a chi-square
+quantile computed here, not from `litm.stats`."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import chi2
+from statsmodels.stats.power import TTestPower
+
+from litm import planning
+from litm.errors import StatsError
+
+
+def pilot_records(penalties, seconds: float = 0.5) -> pd.DataFrame:
+    """A sweep pilot whose question i has middle penalty penalties[i] on the margin (edges 0 and 9, middle 4)."""
+    rows = []
+    for i, p in enumerate(penalties):
+        for pos, v in ((0, p), (4, 0.0), (9, p)):
+            rows.append({"example_id": f"q{i}", "condition": "documents", "position": pos, "status": "ok",
+                         "correct": v > 0, "gold_loglik": v - 3, "gold_margin": v, "latency_s": seconds})
+    return pd.DataFrame(rows)
+
+
+def solve(effect: float, sd: float) -> int:
+    return math.ceil(TTestPower().solve_power(effect_size=abs(effect) / sd, alpha=0.05, power=0.8,
+                                              alternative="two-sided"))
+
+
+def test_the_plan_takes_the_questions_a_paired_t_test_needs_on_the_upper_limit_of_the_pilots_sd():
+    x = np.array([2.0, 0.5, 1.5, 3.0, -0.5, 1.0, 2.5, 0.0, 1.5, 2.0, 1.0, 0.5])
+    p = planning.plan(pilot_records(x), lambda d: planning.middle_penalties(d, "margin"), "margin", most=500)
+    upper = x.std(ddof=1) * math.sqrt(11 / chi2.ppf(0.2, 11))
+    assert p.effect == pytest.approx(x.mean()) and p.sd == pytest.approx(x.std(ddof=1))
+    assert p.sd_planned == pytest.approx(upper)
+    assert abs(p.needed - solve(x.mean(), upper)) <= 1  # statsmodels' solver is approximate at the boundary
+    assert p.limit == max(10, p.needed) and p.pilot_n == 12
+    assert p.seconds_per_question == pytest.approx(1.5)  # three prompts of 0.5 s each
+    assert f"the study runs {p.limit}" in p.text
+
+
+def test_a_plan_beyond_the_budget_says_how_many_and_how_long():
+    x = np.array([0.3, -0.8, 0.9, -0.4, 0.6, -0.2, 0.7, -0.5, 0.1, 0.4])
+    p = planning.plan(pilot_records(x, seconds=20.0), lambda d: planning.middle_penalties(d, "margin"), "margin",
+                      most=40)
+    assert p.needed > 40 and p.limit == 40
+    assert f"run LIMIT = {p.needed}" in p.text and "underpowered" in p.text
+    assert f"about {p.needed * 60 / 60:.0f} min" in p.text
+
+
+def test_a_pilot_without_an_effect_runs_the_budget_and_a_tiny_pilot_is_refused():
+    flat = planning.plan(pilot_records([1.0, -1.0, 0.5, -0.5]), lambda d: planning.middle_penalties(d, "margin"),
+                         "margin", most=30)
+    assert flat.needed is None and flat.limit == 30 and "No effect to plan for" in flat.text
+    with pytest.raises(StatsError, match="at least 3"):
+        planning.plan(pilot_records([1.0, 2.0]), lambda d: planning.middle_penalties(d, "margin"), "margin", most=30)
+
+
+def test_differences_pair_a_condition_with_the_baseline_question_by_question():
+    df = pd.DataFrame([{"example_id": f"q{i}", "condition": c, "status": "ok", "gold_margin": v}
+                       for i in range(4) for c, v in (("base", i), ("new", 2 * i + 1))])
+    assert list(planning.differences(df, "new", "base", "margin")) == [1, 2, 3, 4]
+    with pytest.raises(StatsError, match="no records under"):
+        planning.differences(df, "other", "base", "margin")
