@@ -46,7 +46,8 @@ def test_report_numbers_match_the_records(tiny_lm, tmp_path):
         (row,) = [line for line in md.splitlines() if line.startswith(f"| gold at {pos + 1} | 8 | 0 |")]
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[3].startswith(f"{100 * g.correct.mean():.1f} [")
-        assert cells[4].startswith(f"{g.gold_loglik.mean():.2f} [") and cells[5].startswith(f"{g.gold_margin.mean():.2f} [")
+        assert cells[4].startswith(f"{g.gold_loglik.mean():.2f} [")
+        assert cells[5].startswith(f"{g.gold_margin.mean():.2f} [")
     acc = {p: df[(df.condition == "documents") & (df.position == p)].correct.mean() for p in (0, 2, 4)}
     (rep,) = out["reports"]
     assert rep.primary.name == "accuracy" and [e.measure.name for e in rep.effects] == ["accuracy", "loglik", "margin"]

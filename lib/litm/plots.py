@@ -48,7 +48,8 @@ def _continuous(df, measure=None):
 def _axis_label(m, scoring: str) -> str:
     if m.binary:
         return "Forced-choice accuracy" if scoring == "choice" else "Accuracy"
-    return f"Mean {m.label} (nats)"
+    return {"margin": "Mean gold margin (nats)",
+            "loglik": "Mean gold log-likelihood (nats)"}[m.name]
 
 
 def position_curve(df, label_by: str | None = None, ax=None, title: str | None = None, chance: float | None = None,

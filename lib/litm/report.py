@@ -132,7 +132,8 @@ def to_markdown(reports: list[SweepReport]) -> str:
                   f"Sweep `{r.sweep_id}`; {r.n_questions} paired questions"
                   + (f" ({r.dropped} dropped: not scored under every condition)" if r.dropped else "")
                   + f"; primary measure: {r.primary.label}.", ""]
-        lines += ["| condition | n | too long | " + " | ".join(f"{m.label} ({'%' if m.binary else m.unit}) [95% CI]" for m in held) + " |",
+        heads = [f"{m.label} ({'%' if m.binary else m.unit}) [95% CI]" for m in held]
+        lines += ["| condition | n | too long | " + " | ".join(heads) + " |",
                   "| --- | ---: | ---: |" + " ---: |" * len(held)]
         for row in r.summary.itertuples():
             cells = [f"{m.format(getattr(row, v))} [{m.format(getattr(row, lo))}, {m.format(getattr(row, hi))}]"

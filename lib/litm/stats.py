@@ -132,8 +132,9 @@ def primary_measure(df, primary: str | Measure | None = None) -> Measure:
     m = measure(primary)
     if m not in held:
         raise StatsError(f"the records hold no {m.label} ({m.column}); they hold {[h.name for h in held]}. "
-                         + ("Forced choice (scoring='choice') stores the margin; records written before it did lack it: rerun "
-                            "into a new results folder." if m.name == "margin" else "Choose another measure."))
+                         + ("Forced choice (scoring='choice') stores the margin; records written before it did "
+                            "lack it: rerun into a new results folder." if m.name == "margin"
+                            else "Choose another measure."))
     return m
 
 
@@ -287,14 +288,6 @@ def middle_effect(table: PairedTable, m: str | Measure, n_boot: int = 10_000, se
         tests = paired_tests(table.values[:, [col(p) for p in edges]].mean(1),
                              table.values[:, [col(p) for p in middle]].mean(1), False)
     return Effect(m, middle_penalty(table, n_boot, seed), tests)
-
-
-def baseline_effect(table: PairedTable, condition, baseline, m: str | Measure, n_boot: int = 10_000,
-                    seed: int = 0) -> Effect:
-    """A condition minus the baseline on a measure's table, with the paired tests of `paired_tests`."""
-    m = measure(m)
-    return Effect(m, difference(table, condition, baseline, n_boot, seed),
-                  paired_tests(table.column(condition), table.column(baseline), m.binary))
 
 
 _P_COLUMN = {"McNemar exact": "mcnemar_p", "paired t": "t_p", "Wilcoxon signed-rank": "wilcoxon_p"}

@@ -28,8 +28,8 @@ from .types import Example
 NOT_HASHED = frozenset({"limit", "batch_size", "results_dir", "data_dir", "progress", "shard", "n_boot", "backend",
                         "tensor_parallel"})
 LEAD_COLUMNS = ("model", "task", "num_docs", "condition", "position", "example_id", "status", "correct", "gold_rank",
-                "gold_loglik", "gold_margin", "prediction", "prompt_tokens", "gold_index", "gold_token_start", "gold_token_end",
-                "gold_rel_depth")
+                "gold_loglik", "gold_margin", "prediction", "prompt_tokens", "gold_index", "gold_token_start",
+                "gold_token_end", "gold_rel_depth")
 
 
 @dataclass(frozen=True)
