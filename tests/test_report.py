@@ -8,7 +8,7 @@ from litm import SweepConfig, sweep
 from litm.cli import main
 from litm.errors import ConfigError, StatsError
 from litm.experiment import Sweep, depth_positions, grid
-from litm.report import analyse, compare, load_results, write_report
+from litm.report import analyse, compare, load_results, to_markdown, write_report
 from litm.store import ResultStore
 from litm.study import config_hash
 
@@ -99,13 +99,19 @@ def test_compare_refuses_mixed_or_unpaired_runs(tmp_path):
         load_results([tmp_path / "nothing-here"])
 
 
-def test_unpaired_conditions_in_one_sweep_are_an_error(tmp_path):
+def test_a_report_pairs_the_questions_every_run_of_a_sweep_holds(tmp_path):
+    from litm.stats import paired_table
+
     root = _synthetic(tmp_path / "r", {0: 0.8, 4: 0.5, 9: 0.8}, n=20)
     f = next(p for p in root.glob("*/records.jsonl")
              if json.loads((p.parent / "manifest.json").read_text())["config"]["position"] == 4)
-    f.write_text("\n".join(f.read_text().splitlines()[:10]) + "\n")
-    with pytest.raises(StatsError, match="same questions"):
-        analyse(load_results([root]))
+    f.write_text("\n".join(f.read_text().splitlines()[:12]) + "\n")  # one run holds 12 questions, two hold 20
+    df = load_results([root])
+    with pytest.raises(StatsError, match="same questions"):  # asked directly, unpaired conditions are an error
+        paired_table(df)
+    (rep,) = analyse(df, n_boot=200)  # a report over a shared folder pairs what every run holds
+    assert rep.n_questions == 12 and rep.dropped == 8 and set(rep.summary["n"]) == {12}
+    assert "(8 left out: not run or not scored under every condition)" in to_markdown([rep])
 
 
 def test_depth_positions_are_evenly_spaced():
@@ -222,3 +228,4 @@ def test_the_margin_is_the_gold_loglik_minus_the_best_other_candidates_by_anothe
             margin = each[gold] - max(v for j, v in enumerate(each) if j != gold)
             (rec,) = df[(df.example_id == e.id) & (df.position == pos)].to_dict("records")
             assert rec["gold_margin"] == pytest.approx(margin, abs=1e-4) and rec["correct"] == (rec["gold_margin"] > 0)
+

@@ -79,6 +79,11 @@ def analyse(df, n_boot: int = 10_000, seed: int = 0, primary: str | None = None)
     measure to lead with (default: the first the records hold, see `stats.measures_in`)."""
     out = []
     for sid, g in df.groupby("sweep_id", sort=False):
+        # the runs of one sweep may hold different questions (e.g. notebooks that share a folder with other
+        # limits or positions): the paired analysis takes the questions run under every condition
+        runs = g.groupby("example_id")["config_hash"].nunique()
+        unrun = int((runs < g["config_hash"].nunique()).sum())
+        g = g[g["example_id"].isin(runs[runs == g["config_hash"].nunique()].index)]
         first = stats.primary_measure(g, primary)
         held = [first] + [m for m in stats.measures_in(g) if m != first]
         tables = {m.name: stats.paired_table(g, m.column) for m in held}
@@ -87,7 +92,7 @@ def analyse(df, n_boot: int = 10_000, seed: int = 0, primary: str | None = None)
         effects = ([stats.middle_effect(tables[m.name], m, n_boot, seed) for m in held] if len(positions) >= 3
                    else [])
         out.append(SweepReport(sid, json.loads(g["sweep_config"].iloc[0]), summarize(g), effects, first,
-                               len(t.ids), t.dropped, sorted(g["config_hash"].unique())))
+                               len(t.ids), t.dropped + unrun, sorted(g["config_hash"].unique())))
     return out
 
 
@@ -130,7 +135,7 @@ def to_markdown(reports: list[SweepReport]) -> str:
         c, held = r.config, _held(r)
         lines += [f"## {c.get('task')} · {c.get('model')} · {c.get('num_docs')} documents · {c.get('scoring')}", "",
                   f"Sweep `{r.sweep_id}`; {r.n_questions} paired questions"
-                  + (f" ({r.dropped} dropped: not scored under every condition)" if r.dropped else "")
+                  + (f" ({r.dropped} left out: not run or not scored under every condition)" if r.dropped else "")
                   + f"; primary measure: {r.primary.label}.", ""]
         heads = [f"{m.label} ({'%' if m.binary else m.unit}) [95% CI]" for m in held]
         lines += ["| condition | n | too long | " + " | ".join(heads) + " |",
