@@ -57,8 +57,7 @@ def middle_penalties(df, m: str | stats.Measure) -> np.ndarray:
     m = stats.measure(m)
     table = df if isinstance(df, stats.PairedTable) else stats.paired_table(df[df["condition"] == "documents"],
                                                                             m.column)
-    positions = [c for c in table.conditions if isinstance(c, (int, np.integer))]
-    return stats.penalty_from_means(table.values, list(table.conditions), positions)
+    return stats.question_penalties(table)
 
 
 def differences(df, condition, baseline, m: str | stats.Measure, column: str = "condition",
@@ -66,12 +65,11 @@ def differences(df, condition, baseline, m: str | stats.Measure, column: str = "
     """Each question's value under `condition` minus `baseline` on a measure (a question's records under one
     condition averaged, e.g. over gold positions)."""
     m = stats.measure(m)
-    ok = df[df["status"] == "ok"] if "status" in df else df
-    wide = ok.pivot_table(index=unit, columns=column, values=m.column, aggfunc="mean")
-    missing = [c for c in (condition, baseline) if c not in wide]
+    held = list(dict.fromkeys((df[df["status"] == "ok"] if "status" in df else df)[column]))
+    missing = [c for c in (condition, baseline) if c not in held]
     if missing:
-        raise StatsError(f"the pilot has no records under {missing}; it holds {list(wide.columns)}.")
-    wide = wide[[condition, baseline]].astype(float).dropna()
+        raise StatsError(f"the pilot has no records under {missing}; it holds {held}.")
+    wide = stats.unit_means(df, m.column, (condition, baseline), column, unit)
     return (wide[condition] - wide[baseline]).to_numpy()
 
 

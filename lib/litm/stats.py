@@ -290,6 +290,14 @@ def middle_effect(table: PairedTable, m: str | Measure, n_boot: int = 10_000, se
     return Effect(m, middle_penalty(table, n_boot, seed), tests)
 
 
+def unit_means(df, column: str, conditions, condition: str = "condition", unit: str = "example_id"):
+    """Units x conditions: each unit's mean of a record field under each condition (scored records only),
+    units without a value under every condition left out."""
+    ok = df[df["status"] == "ok"] if "status" in df else df
+    wide = ok.pivot_table(index=unit, columns=condition, values=column, aggfunc="mean")
+    return wide.reindex(columns=list(conditions)).astype(float).dropna()
+
+
 _P_COLUMN = {"McNemar exact": "mcnemar_p", "paired t": "t_p", "Wilcoxon signed-rank": "wilcoxon_p"}
 
 
@@ -305,11 +313,9 @@ def versus_baseline(df, baseline, measures=None, condition: str = "condition", u
     conds = list(dict.fromkeys(df[condition]))
     if baseline not in conds:
         raise StatsError(f"baseline {baseline!r} is not one of the conditions {conds}.")
-    ok = df[df["status"] == "ok"] if "status" in df else df
     rows = []
     for m in [measure(x) for x in measures] if measures else measures_in(df):
-        wide = ok.pivot_table(index=unit, columns=condition, values=m.column, aggfunc="mean")
-        wide = wide.reindex(columns=conds).astype(float).dropna()
+        wide = unit_means(df, m.column, conds, condition, unit)
         if len(wide) < 2:
             raise StatsError(f"fewer than two {unit}s have a {m.label} under every condition; nothing to pair.")
         table = PairedTable(tuple(wide.index), tuple(conds), wide.to_numpy())
@@ -451,8 +457,12 @@ def questions_needed(penalty: float, sd: float, alpha: float = 0.05, power: floa
     return n
 
 
+def question_penalties(table: PairedTable) -> np.ndarray:
+    """Each question's middle penalty (its edge positions' mean minus its middle's)."""
+    positions = [c for c in table.conditions if isinstance(c, (int, np.integer))]
+    return penalty_from_means(table.values, list(table.conditions), positions)
+
+
 def penalty_sd(table: PairedTable) -> float:
     """Standard deviation over questions of the per-question middle penalty (for `questions_needed`)."""
-    positions = [c for c in table.conditions if isinstance(c, (int, np.integer))]
-    per_q = penalty_from_means(table.values, list(table.conditions), positions)
-    return float(np.std(per_q, ddof=1))
+    return float(np.std(question_penalties(table), ddof=1))
