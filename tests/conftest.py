@@ -18,8 +18,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{%
 
 def build_tiny_model(directory: Path, chat: bool = False, max_positions: int = 2048, seed: int = 0,
                      arch: str = "llama") -> Path:
-    """Write a tiny randomly initialised model (grouped-query attention; `arch` llama, qwen2 or gemma3,
-    the last two with sliding-window layers) and a byte-level BPE tokenizer to `directory`."""
+    """Write a tiny randomly initialised model (grouped-query attention; `arch` llama, qwen2, gemma2 or
+    gemma3, the last three with sliding-window layers) and a byte-level BPE tokenizer to `directory`."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -59,6 +59,12 @@ def build_tiny_model(directory: Path, chat: bool = False, max_positions: int = 2
                                                    layer_types=["sliding_attention", "sliding_attention",
                                                                 "full_attention"], query_pre_attn_scalar=24,
                                                    **common))
+    elif arch == "gemma2":  # soft-capped attention logits and final logits
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+
+        model = Gemma2ForCausalLM(Gemma2Config(num_hidden_layers=2, head_dim=16, sliding_window=24,
+                                               query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                                               final_logit_softcapping=30.0, **common))
     else:
         raise ValueError(arch)
     model = model.float().eval()

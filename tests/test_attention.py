@@ -26,7 +26,7 @@ def eager_reference(source: str, prompt, rows):
     return torch.stack(cols, -1).numpy(), att.numpy()
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma2", "gemma3"])
 def arch_model(request, tmp_path_factory):
     d = build_tiny_model(tmp_path_factory.mktemp(f"tiny-{request.param}"), arch=request.param)
     lm = load_model(str(d), device="cpu", reuse=False)
@@ -45,6 +45,28 @@ def test_profile_matches_eager_attention(arch_model, queries):
     np.testing.assert_allclose(prof.mass, ref_mass, atol=1e-4)
     np.testing.assert_allclose(prof.per_key, ref_keys, atol=1e-4)
     np.testing.assert_allclose(prof.mass.sum(-1), 1.0, atol=1e-5)
+
+
+def test_forward_under_the_profile_gives_eager_logits(arch_model):
+    """The layer outputs under the profile's attention function (SDPA, or its own soft-capped branch for Gemma
+    2) are eager attention's, for one prompt (no mask: plain causal) and a left-padded batch (a mask)."""
+    from litm.attention import _profiling
+
+    source, lm, prompt = arch_model
+    eager = load_model(source, device="cpu", attn_implementation="eager", reuse=False)
+    ids = list(prompt.input_ids)
+    short = ids[: len(ids) // 2]
+    batch = torch.tensor([ids, [lm.tokenizer.pad_token_id] * (len(ids) - len(short)) + short])
+    mask = (torch.arange(len(ids)) >= len(ids) - torch.tensor([[len(ids)], [len(short)]])).long()
+    with torch.no_grad():
+        ref_one = eager.model(input_ids=batch[:1]).logits
+        ref_two = eager.model(input_ids=batch, attention_mask=mask).logits
+        with _profiling(lm):
+            one = lm.model(input_ids=batch[:1]).logits
+            two = lm.model(input_ids=batch, attention_mask=mask).logits
+    torch.testing.assert_close(one, ref_one, atol=1e-5, rtol=1e-5)
+    real = mask.bool()
+    torch.testing.assert_close(two[real], ref_two[real], atol=1e-5, rtol=1e-5)
 
 
 def test_spans_partition_the_prompt(tiny_lm):

@@ -22,6 +22,19 @@ def test_cli_sweep_prints_table_and_writes_figure(tiny_model_dir, tmp_path, monk
     assert len(list((tmp_path / "res").glob("*/records.jsonl"))) == 4
 
 
+def test_cli_sweep_in_bfloat16_on_the_cpu_gets_its_own_folders(tiny_model_dir, tmp_path, capsys):
+    import json
+
+    args = ["sweep", "--task", "qa", "--model", str(tiny_model_dir), "--docs", "4", "--positions", "0,3", "--limit",
+            "2", "--scoring", "choice", "--results", str(tmp_path / "res"), "--device", "cpu"]
+    assert main(args + ["--dtype", "bfloat16"]) == 0 and main(args) == 0
+    dtypes = [json.loads(m.read_text())["config"]["dtype"] for m in (tmp_path / "res").glob("*/manifest.json")]
+    assert sorted(dtypes) == ["bfloat16"] * 4 + ["float32"] * 4
+    capsys.readouterr()
+    assert main(args + ["--dtype", "float7"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown dtype 'float7'")
+
+
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["sweep", "--task", "qa", "--model", "no-such-model", "--limit", "2"]) == 2
     err = capsys.readouterr().err

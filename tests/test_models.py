@@ -42,19 +42,30 @@ def test_local_directory_loads_with_left_padding(tiny_model_dir):
     assert lm.tokenizer.padding_side == "left" and lm.tokenizer.pad_token_id is not None
     assert lm.window == 2048 and lm.identity["kind"] == "local"
     assert lm.identity["dtype"] == "float32" and lm.identity["device"] == "cpu"
+    import torch
+
+    lm = load_model(str(tiny_model_dir), device=torch.device("cpu"), reuse=False)
+    assert lm.identity["device"] == "cpu" and lm.device == torch.device("cpu")
 
 
 def test_device_and_dtype_choice(monkeypatch):
     import torch
 
     assert models.choose_device_dtype("cpu", None) == ("cpu", torch.float32)
+    assert models.choose_device_dtype(torch.device("cpu"), None) == ("cpu", torch.float32)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert models.choose_device_dtype("cuda", None) == ("cuda", torch.bfloat16)
     assert models.choose_device_dtype(None, None) == ("cuda", torch.bfloat16)
+    assert models.choose_device_dtype(torch.device("cuda", 1), None) == ("cuda:1", torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # a T4 or V100
+    assert models.choose_device_dtype("cuda", None) == ("cuda", torch.float16)
+    assert models.choose_device_dtype("cuda", "float32") == ("cuda", torch.float32)
     monkeypatch.undo()
     assert models.choose_device_dtype("cpu", "bfloat16") == ("cpu", torch.bfloat16)
-    with pytest.raises(ModelError, match="dtype"):
-        models.choose_device_dtype("cpu", "float7")
+    for bad in ("float7", "nn", "Tensor"):
+        with pytest.raises(ModelError, match="dtype"):
+            models.choose_device_dtype("cpu", bad)
 
 
 def test_cuda_without_a_gpu_is_a_clear_error(monkeypatch, tiny_model_dir):

@@ -152,3 +152,29 @@ def test_shared_choice_gives_each_prompt_its_share_of_the_time(tiny_lm, qa_promp
     assert len({s.latency_s for s in shared}) == 1 and 0 < sum(s.latency_s for s in shared) <= elapsed
     for a, b in zip(runner.choice(tiny_lm, prompts, cands, gold, batch_size=4), shared):
         assert max(abs(x - y) for x, y in zip(a.candidate_logliks, b.candidate_logliks)) < 1e-4
+
+
+def test_bfloat16_choices_are_scored_from_float32_logits(tiny_model_dir, qa_prompts):
+    """A bfloat16 model's forced choice reads float32 logits: every one-token candidate of the vocabulary gets
+    the score of the float32 head applied to the bfloat16 model's last hidden state (computed here by hand),
+    and scores that bfloat16 logits would tie stay apart."""
+    from litm.models import load_model
+
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype="bfloat16", reuse=False)
+    _, prompts = qa_prompts
+    prompt = prompts[0]
+    one = {}
+    for t in range(lm.model.config.vocab_size):
+        text = lm.tokenizer.decode([t]).removeprefix(" ")  # scored after a space
+        if text.strip() and runner._cont_ids(lm, prompt, text) == [t]:
+            one[t] = text
+    assert len(one) > 100
+    (got,) = runner.choice(lm, [prompt], [list(one.values())], [0])
+    ids = torch.tensor([prompt.input_ids])
+    with torch.no_grad():
+        hidden = lm.model.model(input_ids=ids).last_hidden_state[0, -1]  # bfloat16, after the final norm
+        by_hand = torch.log_softmax(hidden.float() @ lm.model.lm_head.weight.float().T, -1)[list(one)]
+        rounded = torch.log_softmax(lm.model(input_ids=ids).logits[0, -1].float(), -1)[list(one)]  # bf16 logits
+    assert lm.model.lm_head.weight.dtype == torch.bfloat16 and "forward" not in lm.model.lm_head.__dict__
+    torch.testing.assert_close(torch.tensor(got.candidate_logliks), by_hand, atol=1e-5, rtol=0)
+    assert len(set(got.candidate_logliks)) == len(one) > len(set(rounded.tolist()))

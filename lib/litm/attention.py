@@ -78,8 +78,15 @@ def _profile_attention(module, query, key, value, attention_mask, dropout=0.0, s
     groups = query.shape[1] // key.shape[1]
     k, v = _repeat_kv(key, groups), _repeat_kv(value, groups)
     w = torch.tanh(torch.matmul(query, k.transpose(2, 3)) * scaling / softcap) * softcap
-    if attention_mask is not None:
-        w = w + attention_mask[:, :, :, : k.shape[-2]]
+    n_q, n_k = w.shape[-2:]
+    if attention_mask is None:  # SDPA's mask function leaves a plain causal mask to the kernel: build it
+        allowed = torch.ones((n_q, n_k), dtype=torch.bool, device=w.device).tril(n_k - n_q)
+    else:
+        allowed = attention_mask[:, :, :, :n_k]
+    if allowed.dtype == torch.bool:  # True where a query may attend; the dtype's least, not -inf, so that a
+        w = w.masked_fill(~allowed, torch.finfo(w.dtype).min)  # padding row with no key stays finite
+    else:  # an additive float mask
+        w = w + allowed
     w = torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
     return torch.matmul(w, v).transpose(1, 2).contiguous(), None
 

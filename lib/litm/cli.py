@@ -62,8 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
                    help="vllm: generation through vLLM (pip install vllm; needs --scoring generate)")
     s.add_argument("--tensor-parallel", type=int, default=1, help="vllm: GPUs to split the model across")
-    s.add_argument("--device", default=None)
-    s.add_argument("--dtype", default=None)
+    s.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
+    s.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on a CPU; on a "
+                                                 "GPU bfloat16 where it has it, else float16); bfloat16 runs on a "
+                                                 "CPU too")
 
     r = sub.add_parser("report", help="markdown + LaTeX tables, tests and figures from stored results")
     r.add_argument("results", nargs="+", help="results folders (a run folder or a folder of them)")
@@ -105,6 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--results", default="results/diagnose")
     d.add_argument("--out", default="reports/diagnose", help="where report.md and the figures go")
     d.add_argument("--n-boot", type=int, default=2000)
+    d.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
+    d.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (as for sweep)")
 
     m = sub.add_parser("merge", help="merge the result folders of sharded jobs into one, each example once")
     m.add_argument("sources", nargs="+", help="result folders (e.g. results/shard-*)")
@@ -182,7 +186,7 @@ def _diagnose(args) -> int:
     cases = dg.read_cases(args.cases)  # bad input fails before a model loads
     diagnoses = []
     for name in [args.model] + ([args.second_model] if args.second_model else []):
-        df = dg.run(replace(cfg, model=name), load_model(name), cases)
+        df = dg.run(replace(cfg, model=name), load_model(name, device=args.device, dtype=args.dtype), cases)
         diagnoses.append(dg.diagnose(df, n_boot=args.n_boot))
     comparison = dg.compare_models(*diagnoses, n_boot=args.n_boot) if len(diagnoses) == 2 else None
     out = dg.write_report(diagnoses, cfg, args.out, comparison)

@@ -56,7 +56,9 @@ class LoadedModel:
 
     @property
     def device(self):
-        return next(self.model.parameters()).device
+        """Where inputs go: the input embeddings' device (the first of several under `device_map="auto"`;
+        outputs are read on the device they come back on)."""
+        return self.model.get_input_embeddings().weight.device
 
     @property
     def window(self) -> int:
@@ -224,20 +226,34 @@ def resolve(name: str) -> tuple[str, dict]:
                      "'Qwen/Qwen2.5-7B-Instruct', a local model directory, or a .gguf file.")
 
 
-def choose_device_dtype(device: str | None, dtype: str | None):
-    """CUDA in bfloat16 (sharded across GPUs) when available, else CPU float32; both overridable."""
+def choose_device_dtype(device, dtype: str | None):
+    """CUDA when available (sharded across GPUs), else the CPU; bfloat16 on a GPU that has it, float16 on one
+    that does not (a T4, a V100), float32 on the CPU; all overridable.  `device` may be a string or a
+    `torch.device`; the device comes back as a string."""
     import torch
 
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device is None else str(device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelError(f"device {device!r} asked for, but torch sees no CUDA GPU (a CPU-only torch build, or no "
                          "driver); leave the device unset to run on the CPU.")
     if dtype is None:
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    if not hasattr(torch, str(dtype)):
+        if device.startswith("cuda"):
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        else:
+            dtype = "float32"
+    if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
         raise ModelError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16.")
     return device, getattr(torch, str(dtype))
+
+
+def synchronize(device) -> None:
+    """Wait for the work queued on a GPU: CUDA runs asynchronously, so a clock read without this times the
+    launch of the work, not the work.  A no-op on the CPU."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 _LOADED: dict[tuple, LoadedModel] = {}
@@ -246,7 +262,7 @@ _LOADED: dict[tuple, LoadedModel] = {}
 def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str | None = None,
                attn_implementation: str = "sdpa", reuse: bool = True) -> LoadedModel:
     """Load a causal LM and its tokenizer (left padding) ready for scoring; loaded models are reused."""
-    key = (name, device, dtype, attn_implementation)
+    key = (name, None if device is None else str(device), dtype, attn_implementation)
     if reuse and key in _LOADED:
         return _LOADED[key]
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -260,7 +276,12 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
         kwargs["device_map"] = "auto"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=kwargs.get("local_files_only", False))
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        except ValueError as exc:  # SDPA asked for an architecture without it (Gemma 2: soft-capped logits)
+            if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                raise
+            model = AutoModelForCausalLM.from_pretrained(source, **{**kwargs, "attn_implementation": "eager"})
     except OSError as exc:
         if kwargs.get("local_files_only"):
             raise ModelError(f"model {name!r} is not in the local Hugging Face cache and the hub cannot be "

@@ -13,6 +13,7 @@ and a tie is never credited as knowledge; the price is a downward bias bounded b
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import time
@@ -21,7 +22,7 @@ from typing import Sequence
 
 from .errors import ConfigError
 from .metrics import best_subspan_em, kv_match
-from .models import LoadedModel
+from .models import LoadedModel, synchronize
 from .prompts import Prompt
 from .types import Example
 
@@ -115,6 +116,40 @@ def needed_tokens(lm, prompt: Prompt, target: Target | None, scoring: str, max_n
     return len(prompt.input_ids) + max(len(_cont_ids(lm, prompt, a)) for a in answers)
 
 
+_HEAD_BLOCK = 8192  # vocabulary rows of the output head upcast at a time by float32_logits
+
+
+@contextlib.contextmanager
+def float32_logits(lm: LoadedModel):
+    """Within it, the model's output head computes its logits in float32 whatever the model's dtype (the
+    hidden state upcast, the head's weight upcast a block of the vocabulary at a time, so no float32 copy of
+    the whole head is held).  bfloat16 logits keep 8 bits of mantissa: candidates a few thousandths of a
+    logit apart would tie, and ties count against the gold.  A no-op for float32 heads."""
+    import torch
+    import torch.nn.functional as F
+
+    head = lm.model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear or head.weight.dtype == torch.float32:
+        yield
+        return
+
+    def forward(hidden):
+        w, b = head.weight, head.bias
+        x = hidden.to(w.device).float()
+        return torch.cat([F.linear(x, w[i:i + _HEAD_BLOCK].float(), None if b is None else b[i:i + _HEAD_BLOCK].float())
+                          for i in range(0, w.shape[0], _HEAD_BLOCK)], dim=-1)
+
+    before = head.__dict__.get("forward")  # accelerate's device hook, under a device_map
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if before is None:
+            del head.forward
+        else:
+            head.forward = before
+
+
 def _batches(lengths: Sequence[int], batch_size: int):
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     for start in range(0, len(order), batch_size):
@@ -157,9 +192,10 @@ def loglik(lm: LoadedModel, prompts: Sequence[Prompt], answers: Sequence[str], b
         t0 = time.perf_counter()
         ids, mask, pos = _left_pad([rows[i] for i in batch], lm.tokenizer.pad_token_id, lm.device)
         keep = max(len(conts[i]) for i in batch) + 1
-        with torch.inference_mode():
+        with torch.inference_mode(), float32_logits(lm):
             logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits
         logp = torch.log_softmax(logits.float(), dim=-1)
+        synchronize(logp.device)
         dt = (time.perf_counter() - t0) / len(batch)
         for row, i in enumerate(batch):
             c = torch.tensor(conts[i], device=logp.device)
@@ -194,12 +230,13 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
                                    right)
         last = [len(prompts[i].input_ids) - 1 if right else ids.shape[1] - 1 for i in batch]
         keep, col = torch.tensor(last).unique(return_inverse=True)
-        with torch.inference_mode():  # logits at each row's last token
+        with torch.inference_mode(), float32_logits(lm):  # logits at each row's last token
             pre = lm.model(input_ids=ids, use_cache=True, logits_to_keep=keep.to(lm.device),
                            **({} if right else {"attention_mask": mask, "position_ids": pos}))
-        first_logp = torch.log_softmax(pre.logits[torch.arange(len(batch)), col.to(lm.device)].float(), dim=-1)
-        scored = candidate_scores(lm, pre["cache"] if "cache" in pre else pre["past_key_values"], mask, first_logp,
-                                  [conts[i] for i in batch])
+            first_logp = torch.log_softmax(pre.logits[torch.arange(len(batch)), col.to(pre.logits.device)].float(),
+                                           dim=-1)
+            scored = candidate_scores(lm, pre["cache"] if "cache" in pre else pre["past_key_values"], mask,
+                                      first_logp, [conts[i] for i in batch])
         dt = (time.perf_counter() - t0) / len(batch)
         for i, s in zip(batch, scored):
             out[i] = choice_result(s, gold[i], dt)
@@ -263,13 +300,13 @@ def candidate_scores(lm: LoadedModel, cache, prefix_mask, first_logp, cands: lis
     mask = torch.zeros(see.shape, dtype=lm.model.dtype, device=dev).masked_fill_(~see, torch.finfo(lm.model.dtype).min)
     saved = [(layer.keys, layer.values) for layer in cache.layers]
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), float32_logits(lm):
             logits = lm.model(input_ids=ids, attention_mask=mask[:, None], position_ids=pos, use_cache=True,
                               **{_cache_kwarg(lm.model): cache}).logits
     finally:  # the forward appended the candidates' keys and values; put the prompt's back
         for layer, (k, v) in zip(cache.layers, saved):
             layer.keys, layer.values = k, v
-    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, nxt[..., None])[..., 0].tolist()
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, nxt.to(logits.device)[..., None])[..., 0].tolist()
     for b, j, at in slots:
         scores[b][j] += sum(logp[b][at:at + len(cands[b][j]) - 1])
     return scores
@@ -287,15 +324,16 @@ def _scores_from_copies(lm: LoadedModel, cache, row: int, prefix_mask, first_log
         ids[j, :len(c)] = torch.tensor(c)
         mask[j, :len(c)] = 1
     ids, mask = ids.to(lm.device), mask.to(lm.device)
-    scores = first_logp[ids[:, 0]]
+    scores = first_logp[ids[:, 0].to(first_logp.device)]
     cache = copy.deepcopy(cache)
     cache.batch_select_indices(torch.tensor([row] * n, device=lm.device))
     full_mask = torch.cat([prefix_mask.to(lm.device).expand(n, -1), mask], dim=1)
     start = int(prefix_mask.sum())
     pos = (start + torch.arange(width, device=lm.device)).expand(n, -1)
-    with torch.inference_mode():
+    with torch.inference_mode(), float32_logits(lm):
         logits = lm.model(input_ids=ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=pos[:, :-1],
                           use_cache=True, **{_cache_kwarg(lm.model): cache}).logits
+    ids, mask = ids.to(logits.device), mask.to(logits.device)
     lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
     return (scores + (lp * mask[:, 1:]).sum(-1)).tolist()
 
@@ -369,7 +407,7 @@ def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, Tre
         end, ending, grand = children[0]
         return ending[0] if ending else _first(grand)
 
-    with torch.inference_mode():
+    with torch.inference_mode(), float32_logits(lm):
         walk(_tree(seqs, list(range(len(seqs))), 0), None, 0)
     dt = (time.perf_counter() - t0) / max(len(seqs), 1)
     return [replace(s, latency_s=dt) for s in out], TreeStats(len(seqs), sum(len(s) for s in seqs), prefilled)
@@ -389,6 +427,7 @@ def generate(lm: LoadedModel, prompts: Sequence[Prompt], max_new_tokens: int = 1
             gen = lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                     do_sample=False, temperature=None, top_p=None, top_k=None,
                                     stop_strings=["\n"], tokenizer=tok, pad_token_id=tok.pad_token_id)
+        synchronize(gen.device)
         dt = (time.perf_counter() - t0) / len(batch)
         for row, i in enumerate(batch):
             text = tok.decode(gen[row, ids.shape[1]:], skip_special_tokens=True)
