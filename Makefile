@@ -1,5 +1,6 @@
 # Two commands: `make reproduce` (run the notebooks, write figures/) and `make test`.
 # Each creates .venv and installs pinned dependencies on first use.
+# On a CUDA machine, `make gpu-check` (no .venv: that machine's own Python, torch and transformers).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]-*.ipynb))
 export LITM_CACHE ?= $(HOME)/.cache/litm
 
-.PHONY: setup reproduce test clean-results
+.PHONY: setup reproduce test gpu-check clean-results
 
 setup: $(VENV)/.installed
 
@@ -28,6 +29,17 @@ reproduce: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The gpu-marked tests on CUDA, then benchmarks/gpu_check.py: writes gpu-check.md and gpu-check.json. Nothing is
+# installed or downloaded; pytest is the one package beyond torch, transformers, numpy, pandas, scipy,
+# statsmodels and matplotlib that it needs.
+gpu-check:
+	mkdir -p build
+	PYTHONPATH=lib $(PYTHON) -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_bfloat16.py \
+		--junitxml=build/gpu-tests.xml; echo $$? > build/gpu-tests.rc
+	PYTHONPATH=lib $(PYTHON) benchmarks/gpu_check.py --tests build/gpu-tests.xml --json gpu-check.json \
+		--markdown gpu-check.md
+	test "$$(cat build/gpu-tests.rc)" = 0
 
 clean-results:
 	rm -rf results build

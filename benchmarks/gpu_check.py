@@ -2,14 +2,21 @@
 architecture (default on CUDA: the Llama-3-8B shape in bfloat16; on a CPU-only machine it falls back to the
 SmolLM2-135M shape in float32, so the script runs and is tested everywhere).
 
-Three measurements, side by side in one run:
+Four measurements, side by side in one run:
 
 1. prefill throughput of one prompt per length, in tokens/s and (model FLOPs: 2 x non-embedding parameters
    per token plus causal attention) as a fraction of the device's dense bf16 peak;
 2. batched scoring throughput: log-likelihood passes over left-padded batches (the runner's padding), in
    examples/s per batch size and as a ratio to batch size 1;
 3. the attention profile's (`litm.attention.profile`) time and peak memory against a plain forward at each
-   length, queries = the question's tokens of a 20-document layout.
+   length, queries = the question's tokens of a 20-document layout, and (on CUDA) at the longest length,
+   doubling up to the model's window, that memory allows;
+4. forced choice over the 300 values of the paper's largest KV file (synthetic ids of its size: a prompt of
+   about 20k tokens and 300 candidates of 24 tokens): the candidates' pass under the tree mask, its time and
+   peak memory against the prompt's prefill.
+
+`--tests` adds a JUnit file's outcomes (what `make gpu-check` passes from the gpu-marked tests) and
+`--markdown` writes the whole report as markdown.
 
     .venv/bin/python benchmarks/gpu_check.py                      # CUDA: 8B shape at 8k and 32k tokens
     .venv/bin/python benchmarks/gpu_check.py --device cpu         # small shape at 512 and 1024 tokens
@@ -44,6 +51,11 @@ PEAK_BF16_TFLOPS = (("GB200", 2500.0), ("B200", 2250.0), ("GH200", 989.0), ("H20
                     ("L4", 121.0), ("RTX 4090", 165.0), ("A6000", 155.0))
 
 
+def fmt(value, spec: str) -> str:
+    """A number formatted, or "n/a" where there is none (no peak memory on a CPU)."""
+    return "n/a" if value is None else format(value, spec)
+
+
 def peak_tflops(device_name: str) -> float | None:
     for key, value in PEAK_BF16_TFLOPS:
         if key.lower() in device_name.lower():
@@ -67,7 +79,10 @@ def build(shape: str, device: str, dtype):
             model = LlamaForCausalLM(cfg).eval()
     finally:
         torch.set_default_dtype(before)
-    return LoadedModel(model, None, f"random-{shape}", {"kind": "random", "shape": shape})
+    from types import SimpleNamespace
+
+    # no tokenizer: the prompts are random ids; the scorer only needs an id to pad with
+    return LoadedModel(model, SimpleNamespace(pad_token_id=0), f"random-{shape}", {"kind": "random", "shape": shape})
 
 
 def flops_per_prefill(cfg, params_non_embedding: int, tokens: int) -> float:
@@ -145,7 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default=None, help="batch sizes for scoring (default: 1,4,16 on CUDA, 1,4 on CPU)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak, if not known")
+    ap.add_argument("--kv", default=None, help="forced choice: prompt tokens, candidates, tokens per candidate "
+                                               "(default: 20000,300,24 on CUDA, 512,30,8 on CPU)")
+    ap.add_argument("--longest", action=argparse.BooleanOptionalAction, default=None,
+                    help="profile at the longest length memory allows (default: on CUDA only)")
+    ap.add_argument("--tests", default=None, help="a JUnit XML file of test outcomes to report")
     ap.add_argument("--json", default=None, help="also write the numbers to this file")
+    ap.add_argument("--markdown", default=None, help="also write the report as markdown to this file")
     args = ap.parse_args(argv)
 
     import torch
@@ -180,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
           f"built in {time.perf_counter() - t0:.1f} s; bf16 peak "
           f"{f'{peak:.0f} TFLOP/s' if peak else 'unknown (give --peak-tflops)'}", flush=True)
     gen = torch.Generator().manual_seed(0)
-    out = {"device": name, "shape": shape, "dtype": str(dtype), "parameters": params, "peak_tflops": peak,
-           "prefill": [], "scoring": [], "profile": []}
+    import transformers
+
+    out = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__, "shape": shape,
+           "dtype": str(dtype), "parameters": params, "peak_tflops": peak, "prefill": [], "scoring": [], "profile": []}
 
     print(f"\n1. prefill (one prompt, logits for the last token only; median of {args.repeats})")
     print(f"{'tokens':>7} {'seconds':>9} {'tokens/s':>10} {'TFLOP/s':>9} {'of peak':>8}")
@@ -230,12 +253,111 @@ def main(argv: list[str] | None = None) -> int:
         mem_ratio = q_mem / p_mem if p_mem else None
         out["profile"].append({"tokens": n, "plain_s": p_sec, "profile_s": q_sec, "time_ratio": q_sec / p_sec,
                                "plain_mb": p_mem, "profile_mb": q_mem, "memory_ratio": mem_ratio})
-        fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
         print(f"{n:7d} {p_sec:8.3f} {q_sec:10.3f} {q_sec / p_sec:11.2f} {fmt(p_mem, '.0f'):>9} "
               f"{fmt(q_mem, '.0f'):>11} {fmt(mem_ratio, '.2f'):>13}", flush=True)
+    if args.longest if args.longest is not None else on_gpu:
+        n, longest = max(lengths), None
+        while n * 2 <= cfg.max_position_embeddings:
+            n *= 2
+            ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen).to(device)
+            try:  # one timed run each: at these lengths a run takes seconds
+                long_prompt = synthetic_prompt(ids[0].tolist())
+                p_sec, p_mem = timed(device, lambda x=ids: plain(x), 1)
+                q_sec, q_mem = timed(device, lambda p=long_prompt: profile(lm, p, queries="question"), 1)
+            except torch.cuda.OutOfMemoryError:
+                break
+            finally:
+                if on_gpu:
+                    torch.cuda.empty_cache()
+            longest = {"tokens": n, "plain_s": p_sec, "profile_s": q_sec, "time_ratio": q_sec / p_sec,
+                       "plain_mb": p_mem, "profile_mb": q_mem, "memory_ratio": q_mem / p_mem if p_mem else None}
+        if longest:
+            out["profile"].append({**longest, "longest": True})
+            print(f"{longest['tokens']:7d} {longest['plain_s']:8.3f} {longest['profile_s']:10.3f} "
+                  f"{longest['time_ratio']:11.2f} {fmt(longest['plain_mb'], '.0f'):>9} "
+                  f"{fmt(longest['profile_mb'], '.0f'):>11} {fmt(longest['memory_ratio'], '.2f'):>13}  (longest that "
+                  "fits, one run)", flush=True)
+
+    prompt_len, n_cands, cand_len = (int(x) for x in (args.kv or ("20000,300,24" if on_gpu else "512,30,8")).split(","))
+    print(f"\n4. forced choice: a {prompt_len}-token prompt, {n_cands} candidates of {cand_len} tokens (the 300-key KV "
+          "file's size), candidates scored side by side under the tree mask")
+    from litm.runner import candidate_scores
+
+    kv_ids = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=gen).to(device)
+    cands = [[torch.randint(0, cfg.vocab_size, (cand_len,), generator=gen).tolist() for _ in range(n_cands)]]
+    state = {}
+
+    def prefill():
+        with torch.inference_mode():
+            res = lm.model(input_ids=kv_ids, use_cache=True, logits_to_keep=1)
+            state["cache"] = res["cache"] if "cache" in res else res["past_key_values"]
+            state["first"] = torch.log_softmax(res.logits[:, -1].float(), -1)
+
+    def candidates():
+        candidate_scores(lm, state["cache"], torch.ones((1, prompt_len), dtype=torch.long), state["first"], cands)
+
+    pre_sec, pre_mem = timed(device, prefill, args.repeats)
+    cand_sec, cand_mem = timed(device, candidates, args.repeats)
+    slots = n_cands * (cand_len - 1)
+    out["forced_choice"] = {"prompt_tokens": prompt_len, "candidates": n_cands, "candidate_tokens": cand_len,
+                            "slots": slots, "prefill_s": pre_sec, "candidates_s": cand_sec, "prefill_mb": pre_mem,
+                            "candidates_mb": cand_mem}
+    print(f"prefill {pre_sec:.3f} s, peak {fmt(pre_mem, '.0f')} MB; the candidates' pass ({slots} slots beside the "
+          f"prompt's cache) {cand_sec:.3f} s, peak {fmt(cand_mem, '.0f')} MB", flush=True)
+
+    if args.tests:
+        out["tests"] = junit_outcomes(args.tests)
+        t = out["tests"]
+        print(f"\ntests ({args.tests}): {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(out))
     return 0
+
+
+def junit_outcomes(path: str) -> dict:
+    """Each test's outcome from a JUnit XML file (pytest's --junitxml), and the counts."""
+    import xml.etree.ElementTree as ET
+
+    cases = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        kind = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
+        cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome":
+                      {"failure": "failed", "error": "failed"}.get(kind, kind), "seconds": float(case.get("time", 0))})
+    counts = {o: sum(c["outcome"] == o for c in cases) for o in ("passed", "failed", "skipped")}
+    return {**counts, "cases": cases}
+
+
+def markdown(out: dict) -> str:
+    """The report as markdown: the machine, the tests' outcomes and the four tables."""
+    machine = (f"torch {out.get('torch')}, transformers {out.get('transformers')}; a randomly initialised "
+               f"{out['shape']}-shaped model, {out['parameters'] / 1e6:,.0f} M parameters, "
+               f"{out['dtype'].removeprefix('torch.')}; bf16 peak {fmt(out['peak_tflops'], '.0f')} TFLOP/s.")
+    lines = [f"# GPU check: {out['device']}", "", machine, ""]
+    if "tests" in out:
+        t = out["tests"]
+        lines += [f"## Tests: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped", "",
+                  "| test | outcome | seconds |", "| --- | --- | ---: |"]
+        lines += [f"| `{c['test']}` | {c['outcome']} | {c['seconds']:.1f} |" for c in t["cases"]] + [""]
+    lines += ["## Prefill (one prompt, the last token's logits)", "",
+              "| tokens | seconds | tokens/s | TFLOP/s | of peak |", "| ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['tokens']} | {r['seconds']:.3f} | {r['tokens_per_s']:,.0f} | {r['tflops']:.3g} | "
+              f"{fmt(r['fraction_of_peak'], '.0%')} |" for r in out["prefill"]]
+    lines += ["", "## Batched log-likelihood scoring", "", "| batch | examples/s | vs batch 1 |", "| ---: | ---: | ---: |"]
+    lines += [f"| {r['batch']} | {r['examples_per_s']:.2f} | {r['ratio']:.2f} |" for r in out["scoring"]]
+    lines += ["", "## Attention profile against a plain forward", "",
+              "| tokens | plain s | profile s | time ratio | plain MB | profile MB | memory ratio |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['tokens']}{' (longest that fits)' if r.get('longest') else ''} | {r['plain_s']:.3f} | "
+              f"{r['profile_s']:.3f} | {r['time_ratio']:.2f} | {fmt(r['plain_mb'], '.0f')} | "
+              f"{fmt(r['profile_mb'], '.0f')} | {fmt(r['memory_ratio'], '.2f')} |" for r in out["profile"]]
+    fc = out["forced_choice"]
+    choice = (f"A {fc['prompt_tokens']}-token prompt and {fc['candidates']} candidates of {fc['candidate_tokens']} "
+              f"tokens ({fc['slots']} slots): prefill {fc['prefill_s']:.3f} s, peak {fmt(fc['prefill_mb'], '.0f')} "
+              f"MB; the candidates' pass {fc['candidates_s']:.3f} s, peak {fmt(fc['candidates_mb'], '.0f')} MB.")
+    lines += ["", "## Forced choice at the 300-key KV file's size", "", choice, ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ def main() -> int:
     import litm
     from litm import runner
     from litm.experiment import load_examples, prompt_for
+    from litm.models import synchronize
     from litm.runner import candidates
 
     lm = litm.load_model(args.model)
@@ -46,10 +47,12 @@ def main() -> int:
                                  [choices[k[1]][1] for k in keys])))
 
     runner.loglik(lm, [prompts[conds[0], examples[0].id]], [choices[examples[0].id][0][0]], 1)  # warm-up
+    synchronize(lm.device)
     t0 = time.perf_counter()
     plain = {}
     for c in conds:  # condition by condition, batches of b prompts
         plain.update(scored([(c, e.id) for e in examples], lambda p, cs, g: runner.choice(lm, p, cs, g, b)))
+    synchronize(lm.device)  # scores come back as Python floats, which waits anyway; explicit for CUDA
     t_plain = time.perf_counter() - t0
     t0 = time.perf_counter()
     shared, total, prefilled = {}, 0, 0
@@ -59,6 +62,7 @@ def main() -> int:
                                           [choices[k[1]][1] for k in keys])
         shared.update(zip(keys, out))
         total, prefilled = total + stats.total_tokens, prefilled + stats.prefill_tokens
+    synchronize(lm.device)
     t_shared = time.perf_counter() - t0
     diff = max(float(np.max(np.abs(np.subtract(plain[k].candidate_logliks, shared[k].candidate_logliks))))
                for k in plain)

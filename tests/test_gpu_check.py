@@ -38,12 +38,26 @@ def test_peak_lookup(gpu_check):
 
 def test_cpu_fallback_prints_all_three_tables(gpu_check, tmp_path, capsys):
     out = tmp_path / "gc.json"
+    junit = tmp_path / "tests.xml"  # what pytest --junitxml writes: one pass, one failure, one skip
+    junit.write_text('<testsuites><testsuite name="pytest"><testcase classname="tests.test_a" name="test_ok" '
+                     'time="1.5"/><testcase classname="tests.test_a" name="test_bad" time="0.2"><failure '
+                     'message="x"/></testcase><testcase classname="tests.test_b" name="test_gpu" time="0">'
+                     '<skipped message="y"/></testcase></testsuite></testsuites>')
+    md = tmp_path / "gc.md"
     assert gpu_check.main(["--device", "cpu", "--shape", "tiny", "--lengths", "96,160", "--score-length", "48",
-                           "--batches", "1,3", "--repeats", "1", "--json", str(out)]) == 0
+                           "--batches", "1,3", "--repeats", "1", "--kv", "64,5,4", "--tests", str(junit),
+                           "--json", str(out), "--markdown", str(md)]) == 0
     text = capsys.readouterr().out
-    for heading in ("1. prefill", "2. batched log-likelihood scoring", "3. attention profile"):
+    for heading in ("1. prefill", "2. batched log-likelihood scoring", "3. attention profile", "4. forced choice"):
         assert heading in text
     res = json.loads(out.read_text())
+    assert (res["tests"]["passed"], res["tests"]["failed"], res["tests"]["skipped"]) == (1, 1, 1)
+    assert res["tests"]["cases"][1] == {"test": "tests.test_a::test_bad", "outcome": "failed", "seconds": 0.2}
+    fc = res["forced_choice"]
+    assert (fc["prompt_tokens"], fc["candidates"], fc["slots"]) == (64, 5, 15) and fc["candidates_s"] > 0
+    report = md.read_text()
+    assert "1 passed, 1 failed, 1 skipped" in report and "| `tests.test_a::test_bad` | failed | 0.2 |" in report
+    assert "| 160 |" in report and "5 candidates of 4 tokens (15 slots)" in report
     assert [r["tokens"] for r in res["prefill"]] == [96, 160]
     assert all(r["tokens_per_s"] > 0 and r["fraction_of_peak"] is None for r in res["prefill"])  # no CPU peak
     assert [r["batch"] for r in res["scoring"]] == [1, 3] and res["scoring"][0]["ratio"] == 1.0

@@ -157,9 +157,15 @@ def test_layouts_of_questions_sharing_documents():
 def test_warm_prefill_reuses_the_cache_and_gives_the_same_logits(tiny_lm):
     qs = shared_document_questions(generate_fictional_qa(1, 3, seed=2, sentences_per_doc=2)[0])
     ids = [render(q, tiny_lm.tokenizer, Variant()).input_ids for q in qs]
-    t = prefix.timed_prefill(tiny_lm, ids)
+    clock = iter(range(1000))  # every read of the clock one second later: each round's times are known
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(prefix.time, "perf_counter", lambda: next(clock))
+        t = prefix.timed_prefill(tiny_lm, ids)
     assert t.shared_tokens == min(prefix.common_prefix(ids[0], p) for p in ids) > 20
-    assert t.max_logit_diff < 1e-4 and t.cold_s > 0 and t.warm_s > 0
+    assert t.max_logit_diff < 1e-4 and t.tolerance == 1e-4 and t.agrees
+    assert t.repeats == 3 and t.cold_s == t.warm_s == 1  # medians of three timed rounds, each 1 s apart
+    with pytest.raises(ConfigError, match="repeats"):
+        prefix.timed_prefill(tiny_lm, ids, repeats=0)
     summary, rows = prefix.layout_study(tiny_lm, qs, np.eye(3).tolist(), time_first=2)
     assert list(summary["layout"]) == list(prefix.LAYOUTS) and len(rows) == 9
     assert summary.set_index("layout").loc["static", "reuse_fraction"] > summary.set_index("layout").loc[
