@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                   "fits, one run)", flush=True)
 
     prompt_len, n_cands, cand_len = (int(x) for x in (args.kv or ("20000,300,24" if on_gpu else "512,30,8")).split(","))
-    print(f"\n4. forced choice: a {prompt_len}-token prompt, {n_cands} candidates of {cand_len} tokens (the 300-key KV "
-          "file's size), candidates scored side by side under the tree mask")
+    print(f"\n4. forced choice: a {prompt_len}-token prompt, {n_cands} candidates of {cand_len} tokens (on CUDA by "
+          "default the 300-key KV file's size), candidates scored side by side under the tree mask")
     from litm.runner import candidate_scores
 
     kv_ids = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=gen).to(device)
