@@ -274,7 +274,12 @@ def candidate_scores(lm: LoadedModel, cache, prefix_mask, first_logp, cands: lis
     mask).  The cache is left as it was, so it can serve other branches."""
     import torch
 
-    scores = [[float(first_logp[b, c[0]]) for c in row] for b, row in enumerate(cands)]
+    # every candidate's first token read in one gather, so one device sync, not one per candidate
+    rows = [b for b, row in enumerate(cands) for _ in row]
+    firsts = [c[0] for row in cands for c in row]
+    read = iter(first_logp[torch.tensor(rows, device=first_logp.device),
+                           torch.tensor(firsts, device=first_logp.device)].tolist())
+    scores = [[next(read) for _ in row] for row in cands]
     if all(len(c) == 1 for row in cands for c in row):
         return scores
     if not _plain_layers(cache):  # sliding-window caches: one copy of the row per candidate
@@ -285,8 +290,9 @@ def candidate_scores(lm: LoadedModel, cache, prefix_mask, first_logp, cands: lis
     ids = torch.full((batch, width), lm.tokenizer.pad_token_id, dtype=torch.long)
     nxt, pos, grp = torch.zeros_like(ids), torch.zeros_like(ids), torch.full_like(ids, -1)
     slots = []  # (row, candidate, first slot) of each candidate with more than one token
+    starts = prefix_mask.sum(-1).tolist()  # one sync for the batch
     for b, row in enumerate(cands):
-        start, at = int(prefix_mask[b].sum()), 0
+        start, at = int(starts[b]), 0
         for j, c in enumerate(row):
             if n := len(c) - 1:  # slots feed every token but the last and are scored on the next one
                 ids[b, at:at + n], nxt[b, at:at + n], grp[b, at:at + n] = torch.tensor(c[:-1]), torch.tensor(c[1:]), j
