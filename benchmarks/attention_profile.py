@@ -1,16 +1,18 @@
 """Time and peak memory of a plain forward, our attention profile, and eager `output_attentions=True`.
 
 Each measurement runs in its own process (peak RSS is per process), on the same prompt, side by side in
-one run; the table's ratios are profile/plain and eager/plain.  Eager attention is skipped where its
-layers x heads x n x n weights alone would not fit in memory.
+one run, `--repeats` times in turn (plain, profile, eager, plain, ...); the table gives the medians, and
+its ratios are profile/plain and eager/plain of the medians.  Eager attention is skipped where its layers x
+heads x n x n weights alone would not fit in memory.
 
-    .venv/bin/python benchmarks/attention_profile.py --lengths 1024,2048,4096,8192
+    .venv/bin/python benchmarks/attention_profile.py --lengths 1024,2048,4096,8192 --repeats 3
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -68,6 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--lengths", default="1024,2048,4096,8192")
+    ap.add_argument("--repeats", type=int, default=3, help="processes per method and length; medians reported")
     ap.add_argument("--worker", nargs=2, metavar=("METHOD", "LENGTH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -82,18 +85,20 @@ def main() -> int:
     print(f"{'tokens':>7} {'plain s':>8} {'plain MB':>9} {'profile s':>10} {'profile MB':>11} {'eager s':>8} "
           f"{'eager MB':>9} {'prof/plain t':>12} {'prof/plain m':>12} {'eager/plain t':>13} {'eager/plain m':>13}")
     for length in [int(x) for x in args.lengths.split(",")]:
-        row = {}
+        runs: dict[str, list[dict]] = {}
         weights = cfg.num_hidden_layers * cfg.num_attention_heads * length * length * 4
-        for method in ("plain", "profile", "eager"):
-            if method != "eager" or weights <= 0.7 * avail:  # eager only where its weights fit
-                out = subprocess.run([sys.executable, __file__, "--model", args.model, "--worker", method,
-                                      str(length)], capture_output=True, text=True, check=True)
-                row[method] = json.loads(out.stdout.strip().splitlines()[-1])
+        for _ in range(args.repeats):
+            for method in ("plain", "profile", "eager"):
+                if method != "eager" or weights <= 0.7 * avail:  # eager only where its weights fit
+                    out = subprocess.run([sys.executable, __file__, "--model", args.model, "--worker", method,
+                                          str(length)], capture_output=True, text=True, check=True)
+                    runs.setdefault(method, []).append(json.loads(out.stdout.strip().splitlines()[-1]))
+        row = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
         p, q, e = row["plain"], row["profile"], row.get("eager")
         eager = (f"{e['seconds']:8.2f} {e['extra_mb']:9.0f}" if e else f"{'skipped':>8} {'(too big)':>9}")
         ratios = (f"{e['seconds'] / p['seconds']:13.2f} {e['extra_mb'] / max(p['extra_mb'], 1):13.2f}" if e
                   else f"{'-':>13} {'-':>13}")
-        print(f"{p['tokens']:7d} {p['seconds']:8.2f} {p['extra_mb']:9.0f} {q['seconds']:10.2f} {q['extra_mb']:11.0f} "
+        print(f"{int(p['tokens']):7d} {p['seconds']:8.2f} {p['extra_mb']:9.0f} {q['seconds']:10.2f} {q['extra_mb']:11.0f} "
               f"{eager} {q['seconds'] / p['seconds']:12.2f} {q['extra_mb'] / max(p['extra_mb'], 1):12.2f} {ratios}",
               flush=True)
     return 0

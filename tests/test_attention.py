@@ -69,6 +69,22 @@ def test_forward_under_the_profile_gives_eager_logits(arch_model):
     torch.testing.assert_close(two[real], ref_two[real], atol=1e-5, rtol=1e-5)
 
 
+def test_profile_holds_one_chunk_of_rows_and_keys_at_a_time(tiny_lm, monkeypatch):
+    """The float32 scores it forms are at most heads x chunk rows x chunk keys, however long the prompt; and
+    chunked that finely it still gives the profile formed in one block."""
+    ex = generate_fictional_qa(1, 5, seed=4, sentences_per_doc=2)[0]
+    prompt = render(ex, tiny_lm.tokenizer, Variant())
+    whole = profile(tiny_lm, prompt, queries="all", per_key=True, chunk=len(prompt.input_ids))
+    shapes, matmul = [], torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda a, b: shapes.append((a.shape, b.shape)) or matmul(a, b))
+    small = profile(tiny_lm, prompt, queries="all", per_key=True, chunk=16)
+    monkeypatch.undo()
+    assert len(prompt.input_ids) > 100 and shapes
+    assert max(a[-2] * b[-1] for a, b in shapes) <= 2 * 16 * 16  # 2 heads share each key head: 2 x 16 rows
+    np.testing.assert_allclose(small.mass, whole.mass, atol=1e-6)
+    np.testing.assert_allclose(small.per_key, whole.per_key, atol=1e-6)
+
+
 def test_spans_partition_the_prompt(tiny_lm):
     ex = gold_at(generate_fictional_qa(1, 4, seed=1, sentences_per_doc=2)[0], 1)
     prompt = render(ex, tiny_lm.tokenizer, Variant())

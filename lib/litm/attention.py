@@ -3,7 +3,8 @@
 A registered attention function runs the stock SDPA kernel for the layer's output and, for the chosen
 query rows only, forms the softmax rows from the same queries and keys (after rotary embedding, with the
 layer's scaling, causal and sliding-window masking, soft-capping where the architecture has it, and
-grouped-query heads expanded).  Rows are formed in chunks, so memory grows linearly with the prompt.
+grouped-query heads sharing their key head).  Rows are formed a chunk of rows and a chunk of keys at a time,
+so the float32 it holds is bounded by the chunk size, whatever the prompt's length.
 Shapes are `[layer, head, ...]`, layers and heads 0-based.  The studies built on it (troughs, bias,
 calibrated relevance, attention beside outcomes) are in `attention_study`.
 """
@@ -31,35 +32,46 @@ def _repeat_kv(x, groups: int):
 
 
 def _record(module, query, key, scaling, softcap, sliding_window) -> None:
+    """The chosen rows' attention mass per span (and per key), formed from `chunk` rows and `chunk` keys at a
+    time, in float32: a first pass over the key blocks gives each row's log-sum-exp, a second the weights.
+    Grouped-query heads read their shared key head without copying it; keys after a block's last row are
+    masked for all its rows and skipped."""
     import torch
 
     st = _state
-    layer = module.layer_idx
-    groups = query.shape[1] // key.shape[1]
-    k = _repeat_kv(key[:1].float(), groups)[0]  # [H, K, D]
-    n_keys = k.shape[1]
-    kpos = torch.arange(n_keys, device=k.device)
-    rows = st["rows"].to(k.device)
-    span_of = st["span_of"].to(k.device)
-    mass = torch.zeros(k.shape[0], st["n_spans"], device=k.device)
-    per_key = torch.zeros(k.shape[0], n_keys, device=k.device) if st["per_key"] else None
-    for start in range(0, len(rows), st["chunk"]):
-        r = rows[start:start + st["chunk"]]
-        q = query[0, :, r, :].float()  # [H, R, D]
-        scores = torch.matmul(q, k.transpose(1, 2)) * scaling
+    n_heads, n_kv = query.shape[1], key.shape[1]
+    groups, dev, chunk = n_heads // n_kv, key.device, st["chunk"]
+    rows = st["rows"].to(dev)
+    span_of = st["span_of"].to(dev)
+    mass = torch.zeros(n_heads, st["n_spans"], device=dev)
+    per_key = torch.zeros(n_heads, key.shape[2], device=dev) if st["per_key"] else None
+
+    def scores(r, at):  # [head, row, key] for rows r and keys at..at+chunk, masked
+        q = query[0, :, r, :].float().reshape(n_kv, groups * len(r), -1)  # head h reads key head h // groups
+        s = torch.matmul(q, key[0, :, at:at + chunk, :].float().transpose(1, 2)).reshape(n_heads, len(r), -1)
+        s = s * scaling
         if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
+            s = torch.tanh(s / softcap) * softcap
+        kpos = torch.arange(at, at + s.shape[-1], device=dev)
         allowed = kpos[None, :] <= r[:, None]
         if sliding_window:
             allowed &= kpos[None, :] > r[:, None] - sliding_window
-        scores = scores.masked_fill(~allowed[None], float("-inf"))
-        attn = torch.softmax(scores, dim=-1)  # [H, R, K]
-        mass.index_add_(1, span_of, attn.sum(dim=1))
-        if per_key is not None:
-            per_key += attn.sum(dim=1)
-    st["mass"][layer] = (mass / len(rows)).cpu().numpy()
+        return s.masked_fill(~allowed[None], float("-inf"))
+
+    for start in range(0, len(rows), chunk):
+        r = rows[start:start + chunk]
+        blocks = range(0, int(r.max()) + 1, chunk)
+        lse = torch.full((n_heads, len(r)), float("-inf"), device=dev)
+        for at in blocks:
+            lse = torch.logaddexp(lse, torch.logsumexp(scores(r, at), dim=-1))
+        for at in blocks:
+            weights = torch.exp(scores(r, at) - lse[..., None]).sum(dim=1)  # [head, key]
+            mass.index_add_(1, span_of[at:at + weights.shape[-1]], weights)
+            if per_key is not None:
+                per_key[:, at:at + weights.shape[-1]] += weights
+    st["mass"][module.layer_idx] = (mass / len(rows)).cpu().numpy()
     if per_key is not None:
-        st["per_key_out"][layer] = (per_key / len(rows)).cpu().numpy()
+        st["per_key_out"][module.layer_idx] = (per_key / len(rows)).cpu().numpy()
 
 
 def _profile_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
