@@ -115,7 +115,7 @@ def hub_revision(name: str) -> str | None:
 
 def run_identity(lm) -> dict:
     """Everything about a loaded model that changes its records besides the study's config: the weights,
-    the dtype, the device type, the attention implementation and the backend.  It joins every run's
+    the dtype, the device type, the attention implementation, the backend and an active intervention.  It joins every run's
     hash, so runs that differ in any of them never share a results folder."""
     ident = lm.identity
     if not ident.get("weights"):
@@ -125,9 +125,12 @@ def run_identity(lm) -> dict:
         return {"weights": ident["weights"], "dtype": ident.get("dtype"), "device": ident.get("device"),
                 "attn_implementation": lm.backend, "backend": lm.backend,
                 "tensor_parallel": ident.get("tensor_parallel_size", 1)}
-    return {"weights": ident["weights"], "dtype": str(lm.model.dtype).removeprefix("torch."),
-            "device": lm.device.type, "attn_implementation": lm.model.config._attn_implementation,
-            "backend": lm.backend}
+    out = {"weights": ident["weights"], "dtype": str(lm.model.dtype).removeprefix("torch."),
+           "device": lm.device.type, "attn_implementation": lm.model.config._attn_implementation,
+           "backend": lm.backend}
+    if ident.get("intervention"):  # an active interventions.intervene block and its parameters
+        out["intervention"] = ident["intervention"]
+    return out
 
 
 def registry_gguf(name: str) -> Path:
