@@ -23,10 +23,31 @@ def _rss_mb() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+class PeakRSS:
+    """Peak resident memory of this process above what it held on entry, sampled every 2 ms (MB)."""
+
+    def __enter__(self):
+        import threading
+
+        self.base, self.peak, self._done = _rss_mb(), 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._done.is_set():
+            self.peak = max(self.peak, _rss_mb())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        self.extra_mb = max(self.peak, _rss_mb()) - self.base
+
+
 def _measure(method: str, model: str, length: int) -> dict:
     """One method at one length, in this process: seconds, and peak resident memory above what the
-    process held just before the call (weights, prompt), sampled every 2 ms."""
-    import threading
+    process held just before the call (weights, prompt)."""
     from dataclasses import replace
 
     import torch
@@ -43,27 +64,17 @@ def _measure(method: str, model: str, length: int) -> dict:
     ex = with_num_documents(load_examples(replace(cfg, num_docs=400))[0], n)
     prompt = render(gold_at(ex, n // 2), lm.tokenizer, Variant())
     ids = torch.tensor([prompt.input_ids])
-    base, peak, done = _rss_mb(), [0.0], threading.Event()
-
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss_mb())
-            time.sleep(0.002)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        if method == "plain":
-            lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
-        elif method == "profile":
-            profile(lm, prompt, queries="last")
-        else:
-            lm.model(input_ids=ids, use_cache=False, logits_to_keep=1, output_attentions=True)
-    seconds = time.perf_counter() - t0
-    done.set()
-    sampler.join()
-    return {"tokens": len(prompt.input_ids), "seconds": seconds, "extra_mb": max(peak[0], _rss_mb()) - base}
+    with PeakRSS() as mem:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            if method == "plain":
+                lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            elif method == "profile":
+                profile(lm, prompt, queries="last")
+            else:
+                lm.model(input_ids=ids, use_cache=False, logits_to_keep=1, output_attentions=True)
+        seconds = time.perf_counter() - t0
+    return {"tokens": len(prompt.input_ids), "seconds": seconds, "extra_mb": mem.extra_mb}
 
 
 def main() -> int:

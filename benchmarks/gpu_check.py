@@ -118,8 +118,10 @@ class Timer:
     def __enter__(self):
         import torch
 
+        from litm.models import synchronize
+
+        synchronize(self.device)
         if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             self.base = torch.cuda.memory_allocated()
         self.t0 = time.perf_counter()
@@ -128,8 +130,10 @@ class Timer:
     def __exit__(self, *exc):
         import torch
 
+        from litm.models import synchronize
+
+        synchronize(self.device)
         if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
             self.peak_mb = (torch.cuda.max_memory_allocated() - self.base) / 2**20
         else:
             self.peak_mb = None

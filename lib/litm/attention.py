@@ -169,25 +169,35 @@ def _queries(prompt: Prompt, queries) -> list[int]:
 
 
 @contextlib.contextmanager
-def _profiling(lm: LoadedModel):
+def attention_function(lm: LoadedModel, name: str, function, supported: tuple[str, ...], what: str):
+    """Within it, every attention layer of `lm` calls `function` (registered under `name` with transformers'
+    `AttentionInterface`, SDPA's mask function beside it); the model's own implementation is restored after.
+    `what` names the feature in the error for a model type outside `supported`."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    model_type = getattr(lm.model.config, "model_type", None)
-    if model_type not in SUPPORTED:
-        raise ConfigError(f"attention profiles are not supported for model type {model_type!r}; supported: "
-                          f"{', '.join(SUPPORTED)}.")
-    AttentionInterface.register(IMPLEMENTATION, _profile_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
-    configs = list({id(c): c for c in (lm.model.config, lm.model.config.get_text_config())}.values())
+    model_type = getattr(lm.text_config, "model_type", None)
+    if model_type not in supported:
+        raise ConfigError(f"{what} not supported for model type {model_type!r}; supported: {', '.join(supported)}.")
+    AttentionInterface.register(name, function)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
+    configs = list({id(c): c for c in (lm.model.config, lm.text_config)}.values())
     before = [c._attn_implementation for c in configs]
     for c in configs:
-        c._attn_implementation = IMPLEMENTATION
+        c._attn_implementation = name
     try:
         yield
     finally:
         for c, b in zip(configs, before):
             c._attn_implementation = b
+
+
+@contextlib.contextmanager
+def _profiling(lm: LoadedModel):
+    try:
+        with attention_function(lm, IMPLEMENTATION, _profile_attention, SUPPORTED, "attention profiles are"):
+            yield
+    finally:
         _state.clear()
         _state["active"] = False
 
@@ -206,7 +216,7 @@ def profile(lm: LoadedModel, prompt: Prompt, queries="last", per_key: bool = Fal
                       n_spans=len(names), per_key=per_key, chunk=chunk, mass={}, per_key_out={})
         with torch.inference_mode():
             lm.model(input_ids=torch.tensor([prompt.input_ids], device=lm.device), use_cache=False, logits_to_keep=1)
-        layers = range(lm.model.config.get_text_config().num_hidden_layers)
+        layers = range(lm.text_config.num_hidden_layers)
         mass = np.stack([_state["mass"][i] for i in layers])
         keys = np.stack([_state["per_key_out"][i] for i in layers]) if per_key else None
     return Profile(names, labels, tuple(rows), mass, keys)

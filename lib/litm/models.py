@@ -61,11 +61,15 @@ class LoadedModel:
         return self.model.get_input_embeddings().weight.device
 
     @property
+    def text_config(self):
+        """The language model's own config (a multimodal model's text part; the config itself otherwise)."""
+        cfg = self.model.config
+        return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+    @property
     def window(self) -> int:
         """The longest sequence (prompt plus answer) the model was trained for."""
-        cfg = self.model.config
-        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        n = getattr(cfg, "max_position_embeddings", None)
+        n = getattr(self.text_config, "max_position_embeddings", None)
         return int(n) if n else int(getattr(self.tokenizer, "model_max_length", 2048))
 
 

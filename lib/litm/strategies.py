@@ -128,7 +128,7 @@ def attention_retriever(lm: LoadedModel, config: StrategyConfig, pools: list[Exa
     sweep_like = SweepConfig(task="qa", template=config.template, chat=config.chat, limit=1, positions=(0,),
                              progress=False)
     bias = position_bias(lm, sweep_like, held_out, progress=False, queries="question")
-    n = lm.model.config.get_text_config().num_hidden_layers
+    n = lm.text_config.num_hidden_layers
     return lambda ex: attention_scores(lm, ex, bias, range(n // 2, n), "question",
                                        Variant(template=config.template, chat=config.chat))
 
