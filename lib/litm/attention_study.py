@@ -34,19 +34,27 @@ def _check_window(lm: LoadedModel, prompt: Prompt) -> None:
                           f"window of {lm.window}; use fewer documents.")
 
 
-def _doc_rows(lm: LoadedModel, prompt: Prompt, queries, extra: dict, gold_index: int | None) -> dict:
-    """Head-averaged attention mass on each document of one prompt, per layer, as columns."""
+def _doc_rows(lm: LoadedModel, prompt: Prompt, queries, extra: dict, gold_index: int | None,
+              by_head: bool = False) -> dict:
+    """Attention mass on each document of one prompt, per layer (head-averaged) or per layer and head, as
+    columns."""
     _check_window(lm, prompt)
-    docs = profile(lm, prompt, queries=queries).documents.mean(axis=1)  # [layer, doc]
-    n_layers, n_docs = docs.shape
+    docs = profile(lm, prompt, queries=queries).documents  # [layer, head, doc]
+    if not by_head:
+        docs = docs.mean(axis=1, keepdims=True)
+    n_layers, n_heads, n_docs = docs.shape
     m = prompt.manifest
     tokens = np.array([e - s for s, e in m.doc_spans])
+    n = n_layers * n_heads * n_docs
     same = {**extra, "prompt_sha256": m.sha256, "prompt_tokens": m.num_tokens}  # one value for every row
-    return {**{k: [v] * (n_layers * n_docs) for k, v in same.items()},
-            "doc_position": np.tile(np.arange(n_docs), n_layers), "layer": np.repeat(np.arange(n_layers), n_docs),
-            "doc_id": list(m.doc_ids) * n_layers,
-            "is_gold": np.tile(np.arange(n_docs) == (-1 if gold_index is None else gold_index), n_layers),
-            "doc_tokens": np.tile(tokens, n_layers), "mass": docs.ravel(), "per_token": (docs / tokens).ravel()}
+    heads = {"head": np.tile(np.repeat(np.arange(n_heads), n_docs), n_layers)} if by_head else {}
+    return {**{k: [v] * n for k, v in same.items()},
+            "doc_position": np.tile(np.arange(n_docs), n_layers * n_heads),
+            "layer": np.repeat(np.arange(n_layers), n_heads * n_docs), **heads,
+            "doc_id": list(m.doc_ids) * n_layers * n_heads,
+            "is_gold": np.tile(np.arange(n_docs) == (-1 if gold_index is None else gold_index), n_layers * n_heads),
+            "doc_tokens": np.tile(tokens, n_layers * n_heads), "mass": docs.ravel(),
+            "per_token": (docs / tokens).ravel()}
 
 
 def _frame(parts: list[dict]):
@@ -75,29 +83,56 @@ def document_attention(lm: LoadedModel, config, queries="last", examples=None, p
 
 
 def position_bias(lm: LoadedModel, config, examples=None, dummy: Document | None = None, queries="last",
-                  progress: bool = True):
+                  progress: bool = True, by_head: bool = False):
     """Positional attention bias (Hsieh et al. 2024, *Found in the Middle*): for each example and each
     position k, the example's distractors with a content-free `dummy` document inserted at k (the same
     number of documents as the sweep), and the attention the dummy gets there.  One row per example,
-    position and layer with `mass` and `per_token`.  Pass held-out examples to estimate the bias once
-    for a model and layout, instead of K extra passes per query as in the paper."""
+    position and layer (and head, with `by_head`) with `mass` and `per_token`.  Pass held-out examples to
+    estimate the bias once for a model and layout, instead of K extra passes per query as in the paper.
+    `attrs["litm"]` records the model's weights and the prompt layout, which `interventions.calibration`
+    checks against the model and prompts it calibrates."""
     from tqdm.auto import tqdm
+
+    from .interventions import prompt_layout, weights_fingerprint
 
     examples = load_examples(config) if examples is None else list(examples)
     if not examples:
         raise ConfigError("position_bias needs at least one example.")
     variant = Variant(query_aware=config.query_aware, template=config.template, template_dir=config.data_dir,
                       chat=config.chat)
-    parts = []
+    parts, layouts = [], set()
     jobs = [(e, k) for e in examples for k in range(len(e.documents))]
     for e, k in tqdm(jobs, desc="bias", disable=not progress):
         docs = [x for x in e.documents if not x.is_gold]
         docs.insert(k, replace(dummy or dummy_document(e.task), is_gold=False))
         prompt = render(replace(e, documents=tuple(docs)), lm.tokenizer, variant)
-        rows = _doc_rows(lm, prompt, queries, {"example_id": e.id}, None)
+        layouts.add(tuple(sorted(prompt_layout(prompt).items())))
+        rows = _doc_rows(lm, prompt, queries, {"example_id": e.id}, None, by_head)
         keep = rows["doc_position"] == k
         parts.append({c: np.asarray(v)[keep] for c, v in rows.items()})
-    return _frame(parts).drop(columns=["is_gold", "doc_id"])
+    if len(layouts) > 1:
+        raise ConfigError("the examples give prompts of different layouts (numbers of documents); estimate the bias "
+                          "for one layout at a time.")
+    out = _frame(parts).drop(columns=["is_gold", "doc_id"])
+    out.attrs["litm"] = {"model": weights_fingerprint(lm) if lm.identity.get("weights") else None,
+                         "layout": dict(layouts.pop())}
+    return out
+
+
+def position_awareness(bias, kv_heads: int, value: str = "per_token") -> np.ndarray:
+    """How position-aware each key-value head is, `[layer, kv head]`: the coefficient of variation over document
+    positions of the attention a content-free document gets (a `position_bias(..., by_head=True)` table),
+    averaged over the query heads that share the key head.  A head that attends to the same blank text very
+    differently by where it sits is position-aware; Ms-PoE gives such heads the smallest ratios
+    (`interventions.ratios_from_awareness`)."""
+    if "head" not in bias:
+        raise ConfigError("position_awareness needs a per-head bias: position_bias(..., by_head=True).")
+    means = bias.groupby(["layer", "head", "doc_position"])[value].mean().unstack("doc_position")
+    cv = (means.std(axis=1, ddof=0) / means.mean(axis=1)).unstack("head").sort_index()  # [layer, head]
+    n_heads = cv.shape[1]
+    if n_heads % kv_heads:
+        raise ConfigError(f"{n_heads} heads do not split into {kv_heads} key-value heads.")
+    return cv.to_numpy().reshape(len(cv), kv_heads, n_heads // kv_heads).mean(axis=2)
 
 
 def _layers(df, layers):

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from . import interventions
 from .errors import ConfigError
 from .metrics import best_subspan_em, kv_match
 from .models import LoadedModel, synchronize
@@ -192,7 +193,8 @@ def loglik(lm: LoadedModel, prompts: Sequence[Prompt], answers: Sequence[str], b
         t0 = time.perf_counter()
         ids, mask, pos = _left_pad([rows[i] for i in batch], lm.tokenizer.pad_token_id, lm.device)
         keep = max(len(conts[i]) for i in batch) + 1
-        with torch.inference_mode(), float32_logits(lm):
+        with torch.inference_mode(), float32_logits(lm), \
+                interventions.scoring([prompts[i] for i in batch], [ids.shape[1] - len(rows[i]) for i in batch]):
             logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits
         logp = torch.log_softmax(logits.float(), dim=-1)
         synchronize(logp.device)
@@ -230,7 +232,9 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
                                    right)
         last = [len(prompts[i].input_ids) - 1 if right else ids.shape[1] - 1 for i in batch]
         keep, col = torch.tensor(last).unique(return_inverse=True)
-        with torch.inference_mode(), float32_logits(lm):  # logits at each row's last token
+        offsets = [0 if right else ids.shape[1] - len(prompts[i].input_ids) for i in batch]
+        with torch.inference_mode(), float32_logits(lm), \
+                interventions.scoring([prompts[i] for i in batch], offsets):  # logits at each row's last token
             pre = lm.model(input_ids=ids, use_cache=True, logits_to_keep=keep.to(lm.device),
                            **({} if right else {"attention_mask": mask, "position_ids": pos}))
             first_logp = torch.log_softmax(pre.logits[torch.arange(len(batch)), col.to(pre.logits.device)].float(),
@@ -336,7 +340,7 @@ def _scores_from_copies(lm: LoadedModel, cache, row: int, prefix_mask, first_log
     full_mask = torch.cat([prefix_mask.to(lm.device).expand(n, -1), mask], dim=1)
     start = int(prefix_mask.sum())
     pos = (start + torch.arange(width, device=lm.device)).expand(n, -1)
-    with torch.inference_mode(), float32_logits(lm):
+    with torch.inference_mode(), float32_logits(lm), interventions.same_row(row, n):
         logits = lm.model(input_ids=ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=pos[:, :-1],
                           use_cache=True, **{_cache_kwarg(lm.model): cache}).logits
     ids, mask = ids.to(logits.device), mask.to(logits.device)
@@ -393,17 +397,24 @@ def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, Tre
 
     def score(i, cache, last):
         cands = [_cont_ids(lm, prompts[i], a) for a in candidates[i]]
-        out[i] = choice_result(candidate_scores(lm, cache, torch.ones((1, len(seqs[i])), dtype=torch.long),
-                                                torch.log_softmax(last, -1)[None], [cands])[0], gold[i])
+        with interventions.scoring([prompts[i]], [0]):
+            scores = candidate_scores(lm, cache, torch.ones((1, len(seqs[i])), dtype=torch.long),
+                                      torch.log_softmax(last, -1)[None], [cands])[0]
+        out[i] = choice_result(scores, gold[i])
 
     def walk(children, cache, depth):
         nonlocal prefilled
         for k, (end, ending, grand) in enumerate(children):
             last_child = k == len(children) - 1
             base = cache if last_child or cache is None else copy.deepcopy(cache)
-            seg = seqs[ending[0] if ending else _first(grand)][depth:end]
+            if ending and grand and interventions.calibrating():
+                raise ConfigError("under calibration a prompt's last token is calibrated, so a prompt that is the "
+                                  "beginning of another cannot share its cache; score these without shared_prefix.")
+            owner = ending[0] if ending else _first(grand)  # a prompt this segment is the beginning of
+            seg = seqs[owner][depth:end]
             prefilled += len(seg)
-            new_cache, last = forward(seg, base, depth)
+            with interventions.scoring([prompts[owner]], [0]):
+                new_cache, last = forward(seg, base, depth)
             for i in ending:
                 score(i, new_cache, last)
             if grand:
@@ -429,7 +440,8 @@ def generate(lm: LoadedModel, prompts: Sequence[Prompt], max_new_tokens: int = 1
     for batch in _batches([len(p.input_ids) for p in prompts], batch_size):
         t0 = time.perf_counter()
         ids, mask, _ = _left_pad([list(prompts[i].input_ids) for i in batch], tok.pad_token_id, lm.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), interventions.scoring([prompts[i] for i in batch],
+                                                           [ids.shape[1] - len(prompts[i].input_ids) for i in batch]):
             gen = lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                     do_sample=False, temperature=None, top_p=None, top_k=None,
                                     stop_strings=["\n"], tokenizer=tok, pad_token_id=tok.pad_token_id)
