@@ -24,25 +24,29 @@ def _rss_mb() -> float:
 
 
 class PeakRSS:
-    """Peak resident memory of this process above what it held on entry, sampled every 2 ms (MB)."""
+    """Peak memory of this process above what it held on entry, sampled every 2 ms (MB): resident memory, or
+    what `read` returns."""
+
+    def __init__(self, read=_rss_mb):
+        self.read = read
 
     def __enter__(self):
         import threading
 
-        self.base, self.peak, self._done = _rss_mb(), 0.0, threading.Event()
+        self.base, self.peak, self._done = self.read(), 0.0, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
 
     def _sample(self):
         while not self._done.is_set():
-            self.peak = max(self.peak, _rss_mb())
+            self.peak = max(self.peak, self.read())
             time.sleep(0.002)
 
     def __exit__(self, *exc):
         self._done.set()
         self._thread.join()
-        self.extra_mb = max(self.peak, _rss_mb()) - self.base
+        self.extra_mb = max(self.peak, self.read()) - self.base
 
 
 def _measure(method: str, model: str, length: int) -> dict:

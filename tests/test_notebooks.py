@@ -26,6 +26,8 @@ NOTEBOOKS = [
      ["06-depth-length-heatmap"]),
     ("07-diagnose-your-rag-prompt", "PILOT, PILOT_SEEDS, MOST = 3, SEEDS, 3\nORDERS = 2\nN_BOOT = 200\n",
      ["07-diagnosis"]),
+    ("08-interventions-inside-the-model", PLANNED + "NUM_DOCS = 5\nPOSITIONS = (0, 2, 4)\nBUDGET = 300\n",
+     ["08-lever-curves", "08-lever-forest"]),
 ]
 
 

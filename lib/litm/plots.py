@@ -437,3 +437,50 @@ def diagnosis_curves(measures_by_model, title: str | None = None):
         a.grid(alpha=0.3)
         a.legend(fontsize=7, loc="best")
     return _finish(fig, title)
+
+
+def lever_curves(curves, title: str | None = None, chance: float | None = None):
+    """Notebook 08: one panel per measure (`levers.by_position` tables, e.g. the margin and accuracy), each
+    lever's mean by the gold's rank in the retrieved list with its 95% band, the baseline in black."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.6 * len(curves), 4.2), squeeze=False)
+    for ax, table in zip(axes[0], curves):
+        m = as_measure(table["measure"].iloc[0])
+        for i, (lever, g) in enumerate(table.groupby("lever", sort=False)):
+            g = g.sort_values("position")
+            color = "black" if lever == "baseline" else f"C{i}"
+            ax.plot(g["position"] + 1, g["mean"], marker="o", color=color, linewidth=2.2 if lever == "baseline" else 1.2,
+                    label=f"{lever} (n = {int(g['n'].min())})")
+            ax.fill_between(g["position"] + 1, g["ci_low"], g["ci_high"], color=color, alpha=0.08)
+        if m.binary and chance is not None:
+            ax.axhline(chance, color="grey", linestyle="-.", linewidth=0.8, label="chance")
+        ax.set_xticks(sorted(table["position"].unique() + 1))
+        ax.set_xlabel("Rank of the gold document in the retrieved list (1 = first)")
+        ax.set_ylabel(_axis_label(m, "choice"))
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    return _finish(fig, title)
+
+
+def lever_forest(changes, title: str | None = None):
+    """Notebook 08: a forest plot per measure (`levers.penalty_changes`): each lever's middle penalty minus the
+    baseline's, paired over questions, with its 95% bootstrap interval; left of 0 the lever flattens the curve."""
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(changes["measure"]))
+    levers = list(dict.fromkeys(changes["lever"]))
+    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 0.45 * len(levers) + 1.6), squeeze=False)
+    y = np.arange(len(levers))[::-1]
+    for ax, name in zip(axes[0], names):
+        m = as_measure(name)
+        e = changes[changes["measure"] == name].set_index("lever").reindex(levers)
+        mid, lo, hi = (m.scale(e[c].to_numpy()) for c in ("change", "change_low", "change_high"))
+        ax.errorbar(mid, y, xerr=[mid - lo, hi - mid], fmt="o", color="C2", capsize=3)
+        ax.axvline(0, color="black", linestyle="--", linewidth=1)
+        ax.set_yticks(y, levers)
+        n = int(e["n"].max())
+        ax.set_xlabel(f"Change in the middle penalty on the {m.name} ({m.unit})\n95% paired bootstrap, n = {n} "
+                      "questions", fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+    return _finish(fig, title)

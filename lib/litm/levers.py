@@ -1,0 +1,350 @@
+"""Every lever against the lost middle on the same questions (notebook 08): the baseline prompt, U-shape
+reordering, the question repeated after the documents, extractive compression to a budget, attention
+calibration and positional rescaling inside the model.  Each question's gold sits at each position of the
+retrieved list; a reordering lever then moves the documents by that rank, a compression lever shortens
+them, and an intervention changes the model.  Each lever is its own run (an intervention's parameters join
+the model's run identity), and every lever's middle penalty is compared with the baseline's, paired over
+questions."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .errors import ConfigError, StatsError
+from .models import DEFAULT_MODEL, LoadedModel, load_model
+from .ordering import arrange, gold_at
+from .prompts import Variant, render
+from .runner import target
+from .study import Item, Study
+from .types import Example
+
+LEVERS = ("baseline", "u_shape", "repeat", "extractive", "calibration", "rescaling")
+INTERVENTIONS = ("calibration", "rescaling")
+
+
+@dataclass(frozen=True)
+class LeverConfig:
+    """The levers study on the generated fictional QA, scored by forced choice among every document's answer.
+    Calibration and rescaling act in `layers` (default: the second half of the model's full-attention layers,
+    as Found in the Middle's last 16 of 32) and take their positional bias from `bias_examples` held-out questions."""
+
+    model: str = DEFAULT_MODEL
+    num_docs: int = 10
+    positions: tuple[int, ...] = (0, 4, 9)
+    levers: tuple[str, ...] = LEVERS
+    budget: int = 450  # extractive: prompt-token ceiling
+    reserve: int = 32
+    layers: tuple[int, ...] | None = None
+    temperature: float | None = None  # calibration; None: the bias's spread over positions (`interventions`)
+    strength: float = 1.0  # calibration: 0 the plain model, 1 the paper's
+    ratios: tuple[float, float] = (1.2, 1.8)  # rescaling: Ms-PoE's range
+    bias_examples: int = 2
+    bias_seed: int = 99
+    limit: int = 12
+    seed: int = 0
+    sentences_per_doc: int = 3
+    template: str = "ours"
+    chat: bool | None = None
+    batch_size: int = 4
+    results_dir: str = "results"
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("positions", "levers", "ratios"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
+        bad = [x for x in self.levers if x not in LEVERS]
+        if bad:
+            raise ConfigError(f"unknown levers {bad}: use {list(LEVERS)}.")
+        if "baseline" not in self.levers:
+            raise ConfigError("the levers are compared with the baseline: keep 'baseline' in levers.")
+        bad = [p for p in self.positions if not 0 <= p < self.num_docs]
+        if bad:
+            raise ConfigError(f"gold positions {bad} are out of range for {self.num_docs} documents.")
+        if len(self.positions) < 3:
+            raise ConfigError("a middle penalty needs at least three gold positions (first, middle, last).")
+        if self.limit < 1 or self.bias_examples < 1:
+            raise ConfigError("limit and bias_examples must be at least 1.")
+        if len(self.ratios) != 2 or not 0 < self.ratios[0] <= self.ratios[1]:
+            raise ConfigError(f"ratios must be (low, high) with 0 < low <= high, not {self.ratios}.")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the intervention levers are built from, measured once per model: the positional bias (held-out
+    questions) and the seconds and forward passes it took."""
+
+    bias: object
+    layers: tuple[int, ...]
+    seconds: float
+    passes: int
+
+
+def prepare(config: LeverConfig, lm: LoadedModel) -> Prepared:
+    """The positional bias of `lm` per layer and head on `config.bias_examples` held-out questions (another
+    seed), with a content-free document at each position."""
+    from .attention_study import position_bias
+    from .data import generate_fictional_qa
+    from .experiment import SweepConfig
+
+    from .interventions import default_layers
+
+    n_layers = lm.text_config.num_hidden_layers
+    layers = config.layers if config.layers is not None else default_layers(lm)
+    bad = [i for i in layers if not 0 <= i < n_layers]
+    if bad:
+        raise ConfigError(f"layers {bad} are outside the model's {n_layers} layers (0..{n_layers - 1}).")
+    if not layers:
+        raise ConfigError(f"every layer of {lm.name!r} attends through a sliding window; calibration needs layers "
+                          "that attend over the whole prompt.")
+    held = generate_fictional_qa(config.bias_examples, config.num_docs, config.bias_seed, config.sentences_per_doc)
+    sweep_like = SweepConfig(task="qa", num_docs=config.num_docs, positions=(0,), limit=config.bias_examples,
+                             template=config.template, chat=config.chat, progress=False)
+    t0 = time.perf_counter()
+    bias = position_bias(lm, sweep_like, held, progress=config.progress, by_head=True)
+    return Prepared(bias, layers, time.perf_counter() - t0, len(held) * config.num_docs)
+
+
+def intervention(lever: str, config: LeverConfig, lm: LoadedModel, prepared: Prepared):
+    """The intervention a lever switches on (None for a prompt-level lever)."""
+    from .attention_study import position_awareness
+    from .interventions import PositionalRescaling, calibration, ratios_from_awareness
+
+    if lever == "calibration":
+        return calibration(prepared.bias, prepared.layers, config.temperature, config.strength)
+    if lever == "rescaling":
+        aware = position_awareness(prepared.bias, lm.text_config.num_key_value_heads)
+        return PositionalRescaling(ratios_from_awareness(aware, *config.ratios), prepared.layers)
+    return None
+
+
+class Levers(Study):
+    """One lever on the one loop: a condition per gold position."""
+
+    kind = "levers"
+    listing = ("positions", "levers")
+    scoring = "choice"
+
+    def __init__(self, config: LeverConfig, lever: str):
+        super().__init__(config)
+        self.lever = lever
+        self.variant = Variant(template=config.template, chat=config.chat)
+
+    def hashed(self) -> dict:
+        d = {**super().hashed(), "data": "generated-qa", "lever": self.lever}
+        if self.lever != "extractive":
+            d.pop("budget"), d.pop("reserve")
+        if self.lever not in INTERVENTIONS:  # their parameters enter through the model's run identity
+            for k in ("layers", "temperature", "strength", "ratios", "bias_examples", "bias_seed"):
+                d.pop(k)
+        return d
+
+    def conditions(self) -> list[dict]:
+        return [{"position": p} for p in self.config.positions]
+
+    @functools.cache
+    def units(self) -> list[Example]:
+        from .data import generate_fictional_qa
+
+        c = self.config
+        return generate_fictional_qa(c.limit, c.num_docs, c.seed, c.sentences_per_doc)
+
+    def prepare(self, lm, todo) -> None:
+        if self.lever == "extractive":  # a budget the model cannot hold fails before anything runs
+            from .compression import plan_budget
+
+            plan_budget(lm, self.units()[0], self.variant, self.config.reserve, self.config.budget)
+
+    def item(self, lm, condition: dict, example: Example) -> Item:
+        from .compression import compress, plan_budget, survival
+
+        p = condition["position"]
+        e = gold_at(example, p)  # the gold at rank p + 1 of the retrieved list
+        variant, seconds, shown = self.variant, 0.0, e
+        if self.lever == "u_shape":
+            shown = replace(e, documents=tuple(arrange(list(e.documents), "u_shape")))
+        elif self.lever == "repeat":
+            variant = replace(variant, repeat=True)
+        elif self.lever == "extractive":
+            budget = plan_budget(lm, e, variant, self.config.reserve, self.config.budget)
+            c = compress(lm, e, budget, "extractive", variant)
+            shown, seconds = c.example, c.seconds
+        prompt = render(shown, lm.tokenizer, variant, allow_empty=True)
+        fields = {"condition": f"{self.lever}:{p}", "lever": self.lever, "position": p, "seconds": round(seconds, 4),
+                  **survival(e, shown)}
+        return Item(e.id, prompt, target(e, "choice"), fields)
+
+
+def run(config: LeverConfig, model: LoadedModel | None = None, prepared: Prepared | None = None):
+    """Run (or resume) every lever; one row per question, lever and gold position.  The intervention levers
+    are built from `prepared` (default: `prepare(config, model)`, measured when one of them is asked for)."""
+    import pandas as pd
+
+    lm = model or load_model(config.model)
+    if prepared is None and set(config.levers) & set(INTERVENTIONS):
+        prepared = prepare(config, lm)
+    from .interventions import intervene
+
+    parts = []
+    for lever in config.levers:
+        iv = intervention(lever, config, lm, prepared) if lever in INTERVENTIONS else None
+        with intervene(lm, iv) if iv is not None else contextlib.nullcontext():
+            parts.append(Levers(config, lever).run(lm))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _check(df, baseline: str = "baseline"):
+    if baseline not in set(df["lever"]):
+        raise StatsError(f"no records of the {baseline!r} lever to compare with; it holds {sorted(set(df['lever']))}.")
+
+
+def by_position(df, measure: str = "margin"):
+    """Each lever's mean at each gold position on a measure, with a t 95% interval (accuracy: Wilson)."""
+    import pandas as pd
+
+    from . import stats
+
+    m = stats.measure(measure)
+    rows = []
+    ok = df[df["status"] == "ok"]
+    for (lever, p), g in ok.groupby(["lever", "position"], sort=False):
+        v = g[m.column].astype(float)
+        mean, lo, hi = stats.proportion_interval(v) if m.binary else stats.mean_interval(v.to_numpy())
+        rows.append({"lever": lever, "position": int(p), "measure": m.name, "n": len(g), "mean": mean, "ci_low": lo,
+                     "ci_high": hi})
+    return pd.DataFrame(rows)
+
+
+def _wide(df, measure: str):
+    """Questions x (lever, position) on a measure; questions without a score under every one left out."""
+    from . import stats
+
+    ok = df[df["status"] == "ok"]
+    wide = ok.pivot_table(index="example_id", columns=["lever", "position"], values=stats.measure(measure).column,
+                          aggfunc="first")
+    return wide.astype(float).dropna()
+
+
+def penalties(df, measure: str = "margin", overall: bool = False):
+    """Questions x levers: each question's middle penalty (edge positions averaged, minus the middle) under
+    each lever on a measure, or with `overall` its mean over the positions; questions without a score under
+    every lever and position are left out."""
+    import pandas as pd
+
+    from . import stats
+
+    wide = _wide(df, measure)
+    positions = sorted(set(df["position"]))
+    edges, middle = stats.edges_and_middle(positions)
+    levers = list(dict.fromkeys(df["lever"]))
+    if overall:
+        return pd.DataFrame({lv: wide[[(lv, p) for p in positions]].mean(axis=1) for lv in levers})
+    return pd.DataFrame({lv: wide[[(lv, p) for p in edges]].mean(axis=1) - wide[[(lv, p) for p in middle]].mean(axis=1)
+                         for lv in levers})
+
+
+def penalty_changes(df, measures=("margin", "accuracy"), baseline: str = "baseline", n_boot: int = 10_000,
+                    seed: int = 0):
+    """Each lever's middle penalty minus the baseline's, paired over questions, per measure: the estimate with
+    its bootstrap 95% interval and p-value, the paired t and Wilcoxon p-values, and the penalties themselves.
+    Below 0: the lever flattens the position curve.  Beside it, `overall`: the lever's mean over the positions
+    minus the baseline's, with its interval, since a curve also flattens when its edges fall."""
+    import pandas as pd
+
+    from . import stats
+
+    _check(df, baseline)
+    rows = []
+    for name in measures:
+        m = stats.measure(name)
+        pen = penalties(df, m.name)
+        if len(pen) < 2:
+            raise StatsError(f"fewer than two questions have a {m.label} under every lever and position.")
+        mean = penalties(df, m.name, overall=True)
+        table = stats.PairedTable(tuple(pen.index), tuple(pen.columns), pen.to_numpy())
+        means = stats.PairedTable(tuple(mean.index), tuple(mean.columns), mean.to_numpy())
+        for lever in pen.columns:
+            if lever == baseline:
+                continue
+            est = stats.difference(table, lever, baseline, n_boot, seed)
+            t, w = stats.paired_tests(table.column(lever), table.column(baseline), False)
+            whole = stats.difference(means, lever, baseline, n_boot, seed)
+            rows.append({"lever": lever, "measure": m.name, "n": est.n, "penalty": float(pen[lever].mean()),
+                         "baseline_penalty": float(pen[baseline].mean()), "change": est.value,
+                         "change_low": est.low, "change_high": est.high, "p_boot": est.p_value,
+                         "p_t": t.p_value, "p_wilcoxon": w.p_value, "overall": whole.value,
+                         "overall_low": whole.low, "overall_high": whole.high})
+    return pd.DataFrame(rows)
+
+
+def timed(config: LeverConfig, lm: LoadedModel, prepared: Prepared | None = None, rounds: int = 3):
+    """Seconds to score one prompt (the first question, the gold at the middle rank) under each lever, side by
+    side: the levers in turn, after an untimed warm-up round, `rounds` times, each timed between device
+    synchronisations; the median per lever, and compression's seconds (made once, outside the timing).
+    Records' own latencies follow the run's order and batches, so they do not compare levers fairly."""
+    import statistics
+
+    import pandas as pd
+
+    from .interventions import intervene
+    from .models import synchronize
+    from .runner import score
+    from .stats import edges_and_middle
+
+    if prepared is None and set(config.levers) & set(INTERVENTIONS):
+        prepared = prepare(config, lm)
+    middle = edges_and_middle(config.positions)[1][0]
+    made = {}
+    for lever in config.levers:
+        study = Levers(config, lever)
+        made[lever] = (study.item(lm, {"position": middle}, study.units()[0]),
+                       intervention(lever, config, lm, prepared) if lever in INTERVENTIONS else None)
+    seconds: dict[str, list[float]] = {lever: [] for lever in config.levers}
+    for r in range(rounds + 1):
+        for lever, (it, iv) in made.items():
+            with intervene(lm, iv) if iv is not None else contextlib.nullcontext():
+                synchronize(lm.device)
+                t0 = time.perf_counter()
+                score(lm, [it.prompt], [it.target], "choice")
+                synchronize(lm.device)
+                if r:
+                    seconds[lever].append(time.perf_counter() - t0)
+    return pd.DataFrame([{"lever": lever, "scoring_s": statistics.median(v), "compression_s": made[lever][0].fields["seconds"],
+                          "rounds": rounds} for lever, v in seconds.items()])
+
+
+def costs(df, timing, prepared: Prepared | None = None, baseline: str = "baseline"):
+    """What each lever costs per prompt against the baseline: extra forward passes per prompt (none adds any:
+    forced choice is one prefill and one pass over the candidates under every lever), prompt tokens (the
+    records' mean), seconds of scoring and compression (`timing`, from `timed`), and the one-off passes and
+    seconds of the positional bias the intervention levers are built from."""
+    import pandas as pd
+
+    _check(df, baseline)
+    ok = df[df["status"] == "ok"]
+    t = timing.set_index("lever")
+    if baseline not in t.index:
+        raise StatsError(f"the timing has no {baseline!r} lever; time the same levers as the records.")
+    total = t["scoring_s"] + t["compression_s"]
+    base_tokens = ok.loc[ok["lever"] == baseline, "prompt_tokens"].mean()
+    rows = []
+    for lever, g in ok.groupby("lever", sort=False):
+        one_off = prepared is not None and lever in INTERVENTIONS
+        rows.append({"lever": lever, "n": len(g), "extra_passes_per_prompt": 0,
+                     "prompt_tokens": float(g["prompt_tokens"].mean()),
+                     "tokens_vs_baseline": float(g["prompt_tokens"].mean() / base_tokens),
+                     "seconds_per_prompt": float(total[lever]), "seconds_vs_baseline": float(total[lever] / total[baseline]),
+                     "one_off_passes": prepared.passes if one_off else 0,
+                     "one_off_seconds": round(prepared.seconds, 1) if one_off else 0.0})
+    return pd.DataFrame(rows)
+
+
+def pilot_changes(df, lever: str, measure: str = "margin", baseline: str = "baseline") -> np.ndarray:
+    """Each question's change in middle penalty under `lever` against the baseline (for `planning.plan`)."""
+    pen = penalties(df, measure)
+    return (pen[lever] - pen[baseline]).to_numpy()

@@ -1,0 +1,112 @@
+"""The levers study (notebook 08) on a tiny random model: every lever runs on the same questions under its own
+run identity, each lever shapes the prompt as it should, and the middle-penalty changes and costs match sums
+done by hand."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from litm import levers
+from litm.errors import ConfigError, StatsError
+from litm.data import generate_fictional_qa
+from litm.prompts import Variant, render
+
+
+@pytest.fixture(scope="module")
+def ran(tiny_lm, tmp_path_factory):
+    full = len(render(generate_fictional_qa(1, 5, seed=0, sentences_per_doc=2)[0], tiny_lm.tokenizer,
+                      Variant()).input_ids)
+    cfg = levers.LeverConfig(model="tiny", num_docs=5, positions=(0, 2, 4), limit=3, sentences_per_doc=2,
+                             budget=int(full * 0.7), bias_examples=1, progress=False,
+                             results_dir=str(tmp_path_factory.mktemp("levers")))
+    prepared = levers.prepare(cfg, tiny_lm)
+    return cfg, prepared, levers.run(cfg, tiny_lm, prepared)
+
+
+def test_every_lever_runs_on_the_same_questions_apart(ran, tiny_lm):
+    cfg, prepared, df = ran
+    assert len(df) == len(levers.LEVERS) * 3 * 3 and (df["status"] == "ok").all()
+    assert prepared.layers == (1,) and prepared.passes == 5  # the second half of 2 layers; 1 question x 5 places
+    hashes = {lv: set(g["config_hash"]) for lv, g in df.groupby("lever")}
+    assert all(a.isdisjoint(b) for x, a in hashes.items() for y, b in hashes.items() if x != y)
+    assert all(set(g["example_id"]) == set(df["example_id"]) for _, g in df.groupby(["lever", "position"]))
+    kinds = {lv: json.loads(g["sweep_config"].iloc[0]).get("intervention", {}).get("kind") for lv, g in
+             df.groupby("lever")}
+    assert kinds == {"baseline": None, "u_shape": None, "repeat": None, "extractive": None,
+                     "calibration": "calibration", "rescaling": "positional_rescaling"}
+    assert "intervention" not in tiny_lm.identity
+    # u_shape of 5 ranked documents is 1, 3, 5, 4, 2: ranks 1, 3, 5 sit at places 0, 4, 2
+    u = df[df["lever"] == "u_shape"].groupby("position")["gold_index"].unique()
+    assert [list(u[p]) for p in (0, 2, 4)] == [[0], [1], [2]]
+    base = df[df["lever"] == "baseline"].set_index(["example_id", "position"])
+    for lever, check in (("repeat", lambda g, b: (g > b).all()), ("extractive", lambda g, b: (g <= cfg.budget).all()),
+                         ("calibration", lambda g, b: (g == b).all())):
+        got = df[df["lever"] == lever].set_index(["example_id", "position"])["prompt_tokens"]
+        assert check(got, base["prompt_tokens"].reindex(got.index)), lever
+    cal = df[df["lever"] == "calibration"].set_index(["example_id", "position"])["gold_loglik"]
+    assert not np.allclose(cal, base["gold_loglik"].reindex(cal.index))
+
+
+def test_a_rerun_scores_nothing_again(ran, tiny_lm):
+    cfg, prepared, df = ran
+    again = levers.run(cfg, tiny_lm, prepared)
+    pd.testing.assert_frame_equal(again.reset_index(drop=True), df.reset_index(drop=True))
+
+
+def _records(values: dict) -> pd.DataFrame:
+    """Records from {lever: [[margin at each of 3 positions] per question]}, a right answer when above 0."""
+    rows = []
+    for lever, qs in values.items():
+        for q, margins in enumerate(qs):
+            for p, m in zip((0, 4, 9), margins):
+                rows.append({"lever": lever, "position": p, "example_id": f"q{q}", "status": "ok", "gold_margin": m,
+                             "correct": m > 0, "prompt_tokens": 100 if lever == "baseline" else 150,
+                             "latency_s": 1.0 if lever == "baseline" else 3.0, "seconds": 0.5 if lever == "x" else 0.0})
+    return pd.DataFrame(rows)
+
+
+def test_penalty_changes_are_paired_differences_of_middle_penalties():
+    base = [[1.0, -1.0, 1.0], [2.0, 0.0, 0.0], [0.0, -3.0, 2.0], [1.0, 1.0, 1.0]]
+    lever = [[1.0, 1.0, 1.0], [2.0, 1.0, 0.0], [0.0, -1.0, 2.0], [1.0, 0.0, 1.0]]
+    got = levers.penalty_changes(_records({"baseline": base, "x": lever}), n_boot=2000).set_index("measure")
+    pen_base = np.array([2.0, 1.0, 4.0, 0.0])  # (first + last) / 2 - middle, by hand
+    pen_lever = np.array([0.0, 0.0, 2.0, 1.0])
+    row = got.loc["margin"]
+    assert row["n"] == 4 and row["change"] == pytest.approx((pen_lever - pen_base).mean())
+    assert row["penalty"] == pytest.approx(pen_lever.mean()) and row["baseline_penalty"] == pytest.approx(1.75)
+    assert row["change_low"] <= row["change"] <= row["change_high"]
+    # the mean over positions: baseline 1/3, 2/3, -1/3, 1; the lever's 1, 1, 1/3, 2/3
+    assert row["overall"] == pytest.approx(np.mean([2 / 3, 1 / 3, 2 / 3, -1 / 3]))
+    acc = got.loc["accuracy"]  # right = margin above 0: baseline penalties 1, 0.5, 0.5, 0; lever's 0, -0.5, 0.5, 1
+    assert acc["change"] == pytest.approx(np.mean([-1.0, -1.0, 0.0, 1.0]))
+
+
+def test_costs_against_the_baseline():
+    df = _records({"baseline": [[1.0, 0.0, 1.0]] * 2, "x": [[1.0, 0.0, 1.0]] * 2})
+    timing = pd.DataFrame({"lever": ["baseline", "x"], "scoring_s": [1.0, 3.0], "compression_s": [0.0, 0.5]})
+    got = levers.costs(df, timing, levers.Prepared(None, (1,), 12.0, 20)).set_index("lever")
+    assert got.loc["x", "tokens_vs_baseline"] == pytest.approx(1.5)
+    assert got.loc["x", "seconds_vs_baseline"] == pytest.approx(3.5)  # scoring 3 s plus compression 0.5 s, over 1 s
+    assert got.loc["x", "one_off_passes"] == 0  # not an intervention lever
+    with pytest.raises(StatsError, match="baseline"):
+        levers.costs(df[df["lever"] == "x"], timing)
+
+
+def test_timing_runs_every_lever_side_by_side(ran, tiny_lm):
+    cfg, prepared, _ = ran
+    got = levers.timed(cfg, tiny_lm, prepared, rounds=2).set_index("lever")
+    assert list(got.index) == list(levers.LEVERS) and (got["scoring_s"] > 0).all() and (got["rounds"] == 2).all()
+    assert got.loc["extractive", "compression_s"] > 0 and got.loc["baseline", "compression_s"] == 0
+    assert "intervention" not in tiny_lm.identity
+
+
+def test_bad_lever_configs_are_clear_errors(tiny_lm):
+    for kw, match in ((dict(levers=("baseline", "magic")), "unknown levers"),
+                      (dict(levers=("u_shape",)), "keep 'baseline'"),
+                      (dict(positions=(0, 9)), "at least three gold positions"),
+                      (dict(ratios=(1.8, 1.2)), "0 < low <= high")):
+        with pytest.raises(ConfigError, match=match):
+            levers.LeverConfig(**kw)
+    with pytest.raises(ConfigError, match="outside the model's 2 layers"):
+        levers.prepare(levers.LeverConfig(num_docs=5, positions=(0, 2, 4), layers=(0, 7)), tiny_lm)
