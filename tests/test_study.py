@@ -250,3 +250,27 @@ def test_the_file_hash_cache_forgets_deleted_files(tmp_path, monkeypatch):
     local_weights(b)
     cached = json.loads((cache_root().parent / "file-hashes.json").read_text())
     assert cached and all(k.startswith(str(b.resolve())) for k in cached)
+
+
+def test_every_run_logs_its_first_prompt_and_the_chat_template(tmp_path):
+    """The manifest holds the exact text the model saw for the run's first record (after chat wrapping), and
+    the sha256 of the chat template, computed here from the tokenizer's own string."""
+    import hashlib
+
+    from litm.experiment import load_examples, prompt_for
+
+    lm = load_model(str(build_tiny_model(tmp_path / "chat", chat=True)), device="cpu", dtype="float32", reuse=False)
+    cfg = SweepConfig(task="qa", num_docs=3, positions=(0, 2), limit=2, sentences_per_doc=2, closedbook=False,
+                      oracle=False, results_dir=str(tmp_path / "res"), progress=False)
+    df = sweep(cfg, lm)
+    for folder in (tmp_path / "res").iterdir():
+        manifest = json.loads((folder / "manifest.json").read_text())
+        logged = manifest["first_prompt"]
+        first = json.loads((folder / "records.jsonl").read_text().splitlines()[0])
+        position = int(df[df["config_hash"] == folder.name]["position"].iloc[0])
+        example = next(e for e in load_examples(cfg) if e.id == first["example_id"])
+        prompt = prompt_for(example, "documents", position, cfg, lm.tokenizer)
+        assert logged["example_id"] == first["example_id"] and logged["text"] == prompt.text
+        assert logged["text"].startswith("<|user|>") and logged["chat"] is True
+        assert logged["input_ids_sha256"] == first["prompt_sha256"]
+        assert logged["chat_template_sha256"] == hashlib.sha256(lm.tokenizer.chat_template.encode()).hexdigest()

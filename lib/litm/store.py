@@ -85,15 +85,17 @@ class ResultStore:
     def __len__(self) -> int:
         return len(self._records)
 
-    def append(self, record: dict) -> None:
-        """Write one record and force it to disk; an example already stored is never written twice."""
+    def append(self, record: dict, first_prompt: dict | None = None) -> None:
+        """Write one record and force it to disk; an example already stored is never written twice.  The first
+        record writes the manifest, with `first_prompt` (what its prompt was: `study.logged_prompt`)."""
         if record[self.key] in self._records:
             return
         if not self.manifest_path.is_file():  # the folder appears with its first record
             self.dir.mkdir(parents=True, exist_ok=True)
             tmp = self.manifest_path.with_name(self.manifest_path.name + ".tmp")  # written whole, then renamed
-            tmp.write_text(json.dumps({**self._manifest, "environment": environment()}, indent=2, sort_keys=True),
-                           encoding="utf-8")
+            extra = {"first_prompt": first_prompt} if first_prompt is not None else {}
+            tmp.write_text(json.dumps({**self._manifest, **extra, "environment": environment()}, indent=2,
+                                      sort_keys=True), encoding="utf-8")
             os.replace(tmp, self.manifest_path)
         line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
         with open(self.path, "ab") as fh:

@@ -71,6 +71,19 @@ def prompt_fields(prompt: Prompt) -> dict:
             "num_docs_shown": len(m.doc_ids)}
 
 
+def logged_prompt(lm, prompt: Prompt) -> dict:
+    """What a run's manifest says of its first prompt: the exact text the model saw (after chat wrapping), its
+    token ids' hash, and the sha256 of the chat template that wrapped it (None without one), so that a
+    reproduction can tell a template change from a model change."""
+    template = getattr(getattr(lm, "tokenizer", None), "chat_template", None)
+    if isinstance(template, dict):  # several named templates: hash them all
+        template = json.dumps(template, sort_keys=True)
+    m = prompt.manifest
+    return {"example_id": prompt.example_id, "text": prompt.text, "chat": m.chat, "template": m.template,
+            "num_tokens": m.num_tokens, "input_ids_sha256": m.sha256,
+            "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if m.chat and template else None}
+
+
 class Study:
     """A study on top of the one loop.  Subclasses give `conditions`, `units` and `item`, and may give
     `hashed`, `prepare`, `outcome` and `columns`.  `config` is a dataclass with `model`, `results_dir`,
@@ -156,8 +169,8 @@ class Study:
                 for start in range(0, len(pending), cfg.batch_size):
                     items = [made.pop((i, u.id), None) or self.item(lm, c, u)
                              for u in pending[start:start + cfg.batch_size]]
-                    for rec in self._records(lm, items):
-                        store.append(rec)
+                    for it, rec in zip(items, self._records(lm, items)):
+                        store.append(rec, logged_prompt(lm, it.prompt))
                         bar.update(1)
         keys = [u.id for u in units]
         extra = {"model": cfg.model, **self.columns(), "sweep_id": config_hash(base),
