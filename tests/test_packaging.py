@@ -45,6 +45,7 @@ def test_notebooks_are_committed_without_outputs():
         for c in nb["cells"]:
             if c["cell_type"] == "code":
                 assert not c.get("outputs") and c.get("execution_count") is None, p.name
+        assert nb["metadata"]["kernelspec"]["name"] == "litm", f"{p.name}: runs on the kernel make lab registers"
         first = next(c for c in nb["cells"] if c["cell_type"] == "code")
         assert "MODEL =" in "".join(first["source"]), f"{p.name}: the first code cell is the config"
 

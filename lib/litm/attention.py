@@ -202,9 +202,12 @@ def _profiling(lm: LoadedModel):
         _state["active"] = False
 
 
-def profile(lm: LoadedModel, prompt: Prompt, queries="last", per_key: bool = False, chunk: int = 256) -> Profile:
+def profile(lm: LoadedModel, prompt: Prompt, queries="last", per_key: bool = False, chunk: int = 256,
+            keep_cache: bool = False):
     """Attention mass from the `queries` tokens ("last", "question", "all", a slice, or indices) to every
-    span of the prompt, per layer and head, from one forward pass that keeps its SDPA kernel."""
+    span of the prompt, per layer and head, from one forward pass that keeps its SDPA kernel.  With
+    `keep_cache`, also that pass's output (the last token's logits and the KV cache), to score answers after
+    the prompt without a second pass over it: returns (Profile, output)."""
     import torch
 
     if prompt is None or getattr(prompt, "manifest", None) is None:
@@ -215,11 +218,13 @@ def profile(lm: LoadedModel, prompt: Prompt, queries="last", per_key: bool = Fal
         _state.update(active=True, rows=torch.tensor(rows), span_of=torch.as_tensor(labels, dtype=torch.long),
                       n_spans=len(names), per_key=per_key, chunk=chunk, mass={}, per_key_out={})
         with torch.inference_mode():
-            lm.model(input_ids=torch.tensor([prompt.input_ids], device=lm.device), use_cache=False, logits_to_keep=1)
+            out = lm.model(input_ids=torch.tensor([prompt.input_ids], device=lm.device), use_cache=keep_cache,
+                           logits_to_keep=1)
         layers = range(lm.text_config.num_hidden_layers)
         mass = np.stack([_state["mass"][i] for i in layers])
         keys = np.stack([_state["per_key_out"][i] for i in layers]) if per_key else None
-    return Profile(names, labels, tuple(rows), mass, keys)
+    prof = Profile(names, labels, tuple(rows), mass, keys)
+    return (prof, out) if keep_cache else prof
 
 
 @dataclass(frozen=True)

@@ -81,9 +81,8 @@ def install_models(python: str | None = None, dry_run: bool = False) -> list[lis
 
     cmds = [[python or sys.executable, "-m", "pip", *p.pip_args] for p in MODEL_PACKAGES]
     for cmd in cmds:
-        if not dry_run:
-            if subprocess.run(cmd).returncode:
-                raise ModelError(f"`{' '.join(cmd)}` failed; see pip's message above (no network to PyPI?).")
+        if not dry_run and subprocess.run(cmd, check=False).returncode:
+            raise ModelError(f"`{' '.join(cmd)}` failed; see pip's message above (no network to PyPI?).")
     return cmds
 
 
