@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt_len, n_cands, cand_len = (int(x) for x in (args.kv or ("20000,300,24" if on_gpu else "512,30,8")).split(","))
     print(f"\n4. forced choice: a {prompt_len}-token prompt, {n_cands} candidates of {cand_len} tokens (on CUDA by "
           "default the 300-key KV file's size), candidates scored side by side under the tree mask")
-    from litm.runner import candidate_scores
+    from litm.runner import candidate_scores, returned_cache
 
     kv_ids = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=gen).to(device)
     cands = [[torch.randint(0, cfg.vocab_size, (cand_len,), generator=gen).tolist() for _ in range(n_cands)]]
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     def prefill():
         with torch.inference_mode():
             res = lm.model(input_ids=kv_ids, use_cache=True, logits_to_keep=1)
-            state["cache"] = res["cache"] if "cache" in res else res["past_key_values"]
+            state["cache"] = returned_cache(res)
             state["first"] = torch.log_softmax(res.logits[:, -1].float(), -1)
 
     def candidates():

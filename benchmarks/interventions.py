@@ -45,7 +45,6 @@ METHODS = ("plain", "calibration", "rescaling")
 
 
 def _measure(method: str, model: str, length: int, device: str | None) -> dict:
-    import contextlib
     from dataclasses import replace
 
     import torch
@@ -71,7 +70,7 @@ def _measure(method: str, model: str, length: int, device: str | None) -> dict:
                                      tuple(sorted(prompt_layout(prompt).items()))),
           "rescaling": PositionalRescaling(spaced_ratios(range(text.num_key_value_heads)), layers)}[method]
     cuda = lm.device.type == "cuda"
-    with intervene(lm, iv) if iv else contextlib.nullcontext():
+    with intervene(lm, iv):
         runner.loglik(lm, [prompt], [ex.answers[0]])  # warm-up
         synchronize(lm.device)
         t0 = time.perf_counter()  # timed without the memory sampler, which takes malloc's lock

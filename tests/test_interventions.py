@@ -104,6 +104,8 @@ def test_the_intervention_joins_the_run_identity(tmp_path):
     cfg = SweepConfig(task="qa", num_docs=4, positions=(0, 3), limit=2, sentences_per_doc=2, closedbook=False,
                       oracle=False, results_dir=str(tmp_path / "res"), progress=False)
     plain = sweep(cfg, lm)
+    with intervene(lm, None):  # no intervention: the plain model, under the plain identity
+        assert "intervention" not in run_identity(lm) and lm.model.config._attn_implementation == "sdpa"
     iv = PositionalRescaling((1.5, 1.5))
     with intervene(lm, iv):
         assert run_identity(lm)["intervention"] == iv.identity()

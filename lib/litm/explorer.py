@@ -39,7 +39,7 @@ def look(lm: LoadedModel, example: Example, position: int, variant: Variant = Va
 
     from .attention import profile
     from .ordering import gold_at
-    from .runner import _cont_ids, candidate_scores, candidates, choice_result, float32_logits
+    from .runner import candidates, choice_after, float32_logits, returned_cache
 
     n = len(example.documents)
     if not 0 <= position < n:
@@ -50,11 +50,7 @@ def look(lm: LoadedModel, example: Example, position: int, variant: Variant = Va
     cands, gold = candidates(e)
     with float32_logits(lm), torch.inference_mode():
         prof, out = profile(lm, prompt, queries="last", keep_cache=True)
-        cache = out["cache"] if "cache" in out else out["past_key_values"]
-        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-        scores = candidate_scores(lm, cache, torch.ones((1, len(prompt.input_ids)), dtype=torch.long), first,
-                                  [[_cont_ids(lm, prompt, a) for a in cands]])[0]
-    scored = choice_result(scores, gold)
+        scored = choice_after(lm, prompt, returned_cache(out), out.logits[0, -1], cands, gold)
     return View(e, position, prompt, prof.documents.mean(axis=(0, 1)), scored.gold_loglik, scored.gold_rank,
                 len(cands), time.perf_counter() - t0)
 

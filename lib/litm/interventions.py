@@ -223,11 +223,14 @@ def _check(lm: LoadedModel, iv) -> None:
 @contextlib.contextmanager
 def intervene(lm: LoadedModel, intervention):
     """Run `lm` with `intervention` (a PositionalRescaling or a Calibration) inside the block; the model and its
-    identity are restored after."""
+    identity are restored after.  None runs the plain model, so a loop over levers needs no special case."""
     import torch
 
     from .attention import attention_function
 
+    if intervention is None:
+        yield lm
+        return
     if _state:
         raise ConfigError("an intervention is already active; leave its block first.")
     _check(lm, intervention)

@@ -7,7 +7,6 @@ the model's run identity), and every lever's middle penalty is compared with the
 questions."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from dataclasses import dataclass, replace
@@ -192,8 +191,7 @@ def run(config: LeverConfig, model: LoadedModel | None = None, prepared: Prepare
 
     parts = []
     for lever in config.levers:
-        iv = intervention(lever, config, lm, prepared) if lever in INTERVENTIONS else None
-        with intervene(lm, iv) if iv is not None else contextlib.nullcontext():
+        with intervene(lm, intervention(lever, config, lm, prepared)):
             parts.append(Levers(config, lever).run(lm))
     return pd.concat(parts, ignore_index=True)
 
@@ -303,11 +301,11 @@ def timed(config: LeverConfig, lm: LoadedModel, prepared: Prepared | None = None
     for lever in config.levers:
         study = Levers(config, lever)
         made[lever] = (study.item(lm, {"position": middle}, study.units()[0]),
-                       intervention(lever, config, lm, prepared) if lever in INTERVENTIONS else None)
+                       intervention(lever, config, lm, prepared))
     seconds: dict[str, list[float]] = {lever: [] for lever in config.levers}
     for r in range(rounds + 1):
         for lever, (it, iv) in made.items():
-            with intervene(lm, iv) if iv is not None else contextlib.nullcontext():
+            with intervene(lm, iv):
                 synchronize(lm.device)
                 t0 = time.perf_counter()
                 score(lm, [it.prompt], [it.target], "choice")

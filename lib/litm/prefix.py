@@ -110,7 +110,7 @@ def timed_prefill(lm: LoadedModel, prompts: Sequence[Sequence[int]], repeats: in
 
     import torch
 
-    from .runner import _cache_kwarg
+    from .runner import _cache_kwarg, returned_cache
 
     if not prompts:
         raise ConfigError("no prompts to time.")
@@ -129,7 +129,7 @@ def timed_prefill(lm: LoadedModel, prompts: Sequence[Sequence[int]], repeats: in
         out = []
         head = run(prompts[0][:shared], use_cache=True) if shared else None
         for p in prompts:
-            cache = copy.deepcopy(head["cache"] if "cache" in head else head["past_key_values"]) if head else None
+            cache = copy.deepcopy(returned_cache(head)) if head else None
             extra = {kw: cache} if cache is not None else {}
             out.append(run(p[shared:], use_cache=True, **extra).logits[0, -1].float())
         return out

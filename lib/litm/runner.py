@@ -175,6 +175,11 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def returned_cache(out):
+    """The KV cache a forward pass returned, under whichever name this transformers version gives it."""
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
 def _cont_ids(lm: LoadedModel, prompt: Prompt, answer: str) -> list[int]:
     ids = lm.tokenizer(prompt.continuation(answer), add_special_tokens=False)["input_ids"]
     if not ids:
@@ -239,7 +244,7 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
                            **({} if right else {"attention_mask": mask, "position_ids": pos}))
             first_logp = torch.log_softmax(pre.logits[torch.arange(len(batch)), col.to(pre.logits.device)].float(),
                                            dim=-1)
-            scored = candidate_scores(lm, pre["cache"] if "cache" in pre else pre["past_key_values"], mask,
+            scored = candidate_scores(lm, returned_cache(pre), mask,
                                       first_logp, [conts[i] for i in batch])
         dt = (time.perf_counter() - t0) / len(batch)
         for i, s in zip(batch, scored):
@@ -348,6 +353,18 @@ def _scores_from_copies(lm: LoadedModel, cache, row: int, prefix_mask, first_log
     return (scores + (lp * mask[:, 1:]).sum(-1)).tolist()
 
 
+def choice_after(lm: LoadedModel, prompt: Prompt, cache, last_logits, candidates: Sequence[str], gold: int) -> Scored:
+    """Forced choice for one prompt already prefilled, unpadded, into `cache`, with `last_logits` [vocab] its
+    last token's logits: the candidates scored from the cache (left as it was) under the tie rule."""
+    import torch
+
+    conts = [_cont_ids(lm, prompt, a) for a in candidates]
+    with interventions.scoring([prompt], [0]):
+        scores = candidate_scores(lm, cache, torch.ones((1, len(prompt.input_ids)), dtype=torch.long),
+                                  torch.log_softmax(last_logits.float(), -1).reshape(1, -1), [conts])[0]
+    return choice_result(scores, gold)
+
+
 @dataclass(frozen=True)
 class TreeStats:
     prompts: int
@@ -393,14 +410,10 @@ def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, Tre
         extra = {kw: cache} if cache is not None else {}
         res = lm.model(input_ids=torch.tensor([list(ids)], device=lm.device), position_ids=pos, use_cache=True,
                        logits_to_keep=1, **extra)
-        return res["cache"] if "cache" in res else res["past_key_values"], res.logits[0, -1].float()
+        return returned_cache(res), res.logits[0, -1].float()
 
     def score(i, cache, last):
-        cands = [_cont_ids(lm, prompts[i], a) for a in candidates[i]]
-        with interventions.scoring([prompts[i]], [0]):
-            scores = candidate_scores(lm, cache, torch.ones((1, len(seqs[i])), dtype=torch.long),
-                                      torch.log_softmax(last, -1)[None], [cands])[0]
-        out[i] = choice_result(scores, gold[i])
+        out[i] = choice_after(lm, prompts[i], cache, last, candidates[i], gold[i])
 
     def walk(children, cache, depth):
         nonlocal prefilled

@@ -169,8 +169,8 @@ class Study:
                 for start in range(0, len(pending), cfg.batch_size):
                     items = [made.pop((i, u.id), None) or self.item(lm, c, u)
                              for u in pending[start:start + cfg.batch_size]]
-                    for it, rec in zip(items, self._records(lm, items)):
-                        store.append(rec, logged_prompt(lm, it.prompt))
+                    for it, rec in zip(items, self._records(lm, items)):  # the first record writes the manifest
+                        store.append(rec, None if len(store) else logged_prompt(lm, it.prompt))
                         bar.update(1)
         keys = [u.id for u in units]
         extra = {"model": cfg.model, **self.columns(), "sweep_id": config_hash(base),
