@@ -98,9 +98,15 @@ class LoadedModel:
 
     @property
     def device(self):
-        """Where inputs go: the input embeddings' device (the first of several under `device_map="auto"`;
-        outputs are read on the device they come back on)."""
-        return self.model.get_input_embeddings().weight.device
+        """Where inputs go: the device the input embeddings run on (the first of several under
+        `device_map="auto"`; their hook's device when their weights are offloaded); outputs are read on the
+        device they come back on."""
+        import torch
+
+        embed = self.model.get_input_embeddings()
+        if embed.weight.device.type == "meta":  # offloaded under a device_map: its hook runs it on this device
+            return torch.device(embed._hf_hook.execution_device)
+        return embed.weight.device
 
     @property
     def text_config(self):
@@ -309,9 +315,16 @@ _LOADED: dict[tuple, LoadedModel] = {}
 
 
 def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str | None = None,
-               attn_implementation: str = "sdpa", reuse: bool = True) -> LoadedModel:
-    """Load a causal LM and its tokenizer (left padding) ready for scoring; loaded models are reused."""
-    key = (name, None if device is None else str(device), dtype, attn_implementation)
+               attn_implementation: str = "sdpa", reuse: bool = True, device_map: str | dict | None = None
+               ) -> LoadedModel:
+    """Load a causal LM and its tokenizer (left padding) ready for scoring; loaded models are reused.
+
+    On CUDA the model is spread over the GPUs with `device_map="auto"` (accelerate; layers that do not fit go to
+    the CPU).  `device_map` overrides that placement: "auto", "balanced", or a dict from module names to a GPU
+    index, "cpu" or "disk" (disk-offloaded weights are kept in a temporary folder).  Inputs go to the input
+    embeddings' execution device (`LoadedModel.device`); outputs are read where they come back."""
+    key = (name, None if device is None else str(device), dtype, attn_implementation,
+           json.dumps(device_map, sort_keys=True, default=str))
     if reuse and key in _LOADED:
         return _LOADED[key]
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -321,8 +334,12 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
     if identity["kind"] == "hub" and not _hub_reachable():
         kwargs["local_files_only"] = True
-    if dev == "cuda":
-        kwargs["device_map"] = "auto"
+    if device_map is None and dev == "cuda":
+        device_map = "auto"
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+        if isinstance(device_map, dict) and "disk" in device_map.values():
+            kwargs["offload_folder"] = tempfile.mkdtemp(prefix="litm-offload-")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=kwargs.get("local_files_only", False))
         try:
@@ -337,7 +354,7 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
                              "reached (offline?). Download it on a machine with internet, or pass a local "
                              "directory or .gguf file (no such local path exists).") from None
         raise ModelError(f"cannot load model {name!r}: {exc}") from None
-    if dev != "cuda":
+    if device_map is None:
         model = model.to(dev)
     model.eval()
     tokenizer.padding_side = "left"

@@ -140,15 +140,18 @@ def float32_logits(lm: LoadedModel):
         return torch.cat([F.linear(x, w[i:i + _HEAD_BLOCK].float(), None if b is None else b[i:i + _HEAD_BLOCK].float())
                           for i in range(0, w.shape[0], _HEAD_BLOCK)], dim=-1)
 
-    before = head.__dict__.get("forward")  # accelerate's device hook, under a device_map
-    head.forward = forward
+    # under a device_map, accelerate's hook wraps the head's own forward (kept as `_old_forward`): replace that
+    # one, so the hook still moves the input to the head's device and loads offloaded weights before the call
+    attr = "_old_forward" if "_hf_hook" in head.__dict__ and "_old_forward" in head.__dict__ else "forward"
+    before = head.__dict__.get(attr)
+    setattr(head, attr, forward)
     try:
         yield
     finally:
         if before is None:
-            del head.forward
+            delattr(head, attr)
         else:
-            head.forward = before
+            setattr(head, attr, before)
 
 
 def _batches(lengths: Sequence[int], batch_size: int):
