@@ -121,3 +121,51 @@ def test_profile_and_eager_attention_agree(model_dir, device, dtype):
         out = eager.model(input_ids=torch.tensor([prompts[0].input_ids], device=eager.device), output_attentions=True)
     att = torch.stack([a[0] for a in out.attentions]).double()[:, :, list(prof.queries), :].mean(2).cpu().numpy()
     assert _gap(prof.per_key, att) < {"float32": 1e-4, "bfloat16": 8 * U * att.max()}[dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bfloat16_tie_with_the_gold_goes_by_the_tie_rule(model_dir, device):
+    """Constructed in the output head of a bfloat16 model, with two one-token candidates a and b.  Equal head
+    rows give equal scores: whichever is the gold loses (rank 2, the other chosen; runner's tie rule).  Then
+    a's row is moved one bfloat16 step in one weight: the model's own bfloat16 logits still tie, but the
+    float32 logits forced choice reads (`runner.float32_logits`) put a ahead by the step times the hidden
+    state (computed here by hand), so a wins as the gold and beats b when b is the gold."""
+    lm = _lm(model_dir, device, "bfloat16")
+    _, (prompt,) = _prompts(lm, 1)
+    one = {}
+    for t in range(lm.model.config.vocab_size):
+        text = lm.tokenizer.decode([t]).removeprefix(" ")  # scored after a space
+        if text.strip() and runner._cont_ids(lm, prompt, text) == [t]:
+            one[t] = text
+        if len(one) == 2:
+            break
+    (a, b), texts = list(one), list(one.values())
+    ids = torch.tensor([prompt.input_ids], device=lm.device)
+    head = lm.model.lm_head.weight
+    with torch.no_grad():
+        hidden = lm.model.model(input_ids=ids).last_hidden_state[0, -1]  # bfloat16, after the final norm
+        head[a] = head[b]
+    for gold, other in ((0, 1), (1, 0)):
+        s = runner.choice(lm, [prompt], [texts], [gold])[0]
+        assert s.candidate_logliks[0] == s.candidate_logliks[1]
+        assert (s.gold_rank, s.correct, s.chosen, s.gold_margin) == (2, False, other, 0.0)
+
+    row = head[b].detach().clone()
+    for i in torch.argsort(hidden.float().abs()).tolist():  # the smallest moves first
+        up = torch.nextafter(row[i], torch.full_like(row[i], float("inf") if hidden[i] > 0 else float("-inf")))
+        with torch.no_grad():
+            head[a] = row
+            head[a, i] = up
+            rounded = lm.model(input_ids=ids).logits[0, -1]  # the model's bfloat16 logits
+        step = float(hidden[i].float() * (up.float() - row[i].float()))
+        if rounded[a] == rounded[b] and 2e-5 < step < 1e-3:
+            break
+    else:
+        pytest.fail("no weight of the row moves the logit by less than bfloat16 rounds away")
+    by_hand = (hidden.float() @ head[[a, b]].float().T).tolist()
+    assert by_hand[0] - by_hand[1] == pytest.approx(step, rel=1e-3)
+    won = runner.choice(lm, [prompt], [texts], [0])[0]
+    assert (won.gold_rank, won.correct, won.chosen) == (1, True, 0)
+    assert won.gold_margin == pytest.approx(step, abs=2e-6)
+    lost = runner.choice(lm, [prompt], [texts], [1])[0]
+    assert (lost.gold_rank, lost.correct, lost.chosen) == (2, False, 0)
