@@ -15,11 +15,16 @@ Four measurements, side by side in one run:
    about 20k tokens and 300 candidates of 24 tokens): the candidates' pass under the tree mask, its time and
    peak memory against the prompt's prefill.
 
-`--tests` adds a JUnit file's outcomes (what `make gpu-check` passes from the gpu-marked tests) and
-`--markdown` writes the whole report as markdown.
+`--run-tests` first runs the gpu-marked tests (pytest, JUnit XML to build/gpu-tests.xml) and reports each
+one's outcome, `--tests FILE` reports those of a JUnit file written before, and `--markdown` writes the whole
+report as markdown; the report gives the wall time of the tests, the benchmark and both together.  `make
+gpu-check` is `--run-tests --json gpu-check.json --markdown gpu-check.md`, and exits non-zero when a test fails.
 
-    .venv/bin/python benchmarks/gpu_check.py                      # CUDA: 8B shape at 8k and 32k tokens
-    .venv/bin/python benchmarks/gpu_check.py --device cpu         # small shape at 512 and 1024 tokens
+Without CUDA and without `--device cpu` it says so in one line and exits with code 3 (NO_CUDA), before any
+test or model is run.
+
+    python3 benchmarks/gpu_check.py                      # CUDA: 8B shape at 8k and 32k tokens
+    python3 benchmarks/gpu_check.py --device cpu         # small shape at 512 and 1024 tokens, on any machine
 
 Random weights give the real model's speed (the same matrix shapes and kernels), not its answers.
 """
@@ -27,12 +32,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))
+
+NO_CUDA = 3  # exit code: no CUDA device and no --device cpu
+GPU_TESTS = ("tests/test_gpu.py", "tests/test_bfloat16.py", "tests/test_device_map.py")
 
 SHAPES = {  # published configs of real models (no weights needed)
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -153,8 +164,10 @@ def timed(device: str, fn, repeats: int):
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    ap.add_argument("--device", default=None,
+                    help="cuda or cpu (default: cuda; without CUDA the check stops with exit code 3)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
                     help="model shape (default: llama3-8b on CUDA, smollm2-135m on CPU)")
     ap.add_argument("--lengths", default=None, help="prefill and profile lengths (default: 8192,32768 on CUDA, "
@@ -168,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                                                "(default: 20000,300,24 on CUDA, 512,30,8 on CPU)")
     ap.add_argument("--longest", action=argparse.BooleanOptionalAction, default=None,
                     help="profile at the longest length memory allows (default: on CUDA only)")
+    ap.add_argument("--run-tests", action="store_true", help="first run the gpu-marked tests (pytest -m gpu) and "
+                                                             "report their outcomes")
     ap.add_argument("--tests", default=None, help="a JUnit XML file of test outcomes to report")
     ap.add_argument("--json", default=None, help="also write the numbers to this file")
     ap.add_argument("--markdown", default=None, help="also write the report as markdown to this file")
@@ -179,11 +194,23 @@ def main(argv: list[str] | None = None) -> int:
     from litm.runner import _left_pad
 
     cuda = torch.cuda.is_available()
-    device = args.device or ("cuda" if cuda else "cpu")
+    if args.device is None and not cuda:
+        print(f"gpu-check: torch {torch.__version__} sees no CUDA device, so nothing was run; it needs an NVIDIA GPU "
+              "(`--device cpu` runs the benchmark's small CPU version).", file=sys.stderr)
+        return NO_CUDA
+    device = args.device or "cuda"
     if device.startswith("cuda") and not cuda:
-        print("error: --device cuda asked for, but torch sees no CUDA device; drop --device for the CPU fallback.",
-              file=sys.stderr)
+        print("error: --device cuda asked for, but torch sees no CUDA device; `--device cpu` runs the small CPU "
+              "version.", file=sys.stderr)
         return 2
+    tests_rc, tests_s = 0, None
+    if args.run_tests:
+        args.tests = str(ROOT / "build" / "gpu-tests.xml")
+        Path(args.tests).parent.mkdir(exist_ok=True)
+        t = time.perf_counter()
+        tests_rc = run_tests(args.tests)
+        tests_s = time.perf_counter() - t
+    bench_started = time.perf_counter()
     on_gpu = device.startswith("cuda")
     shape = args.shape or ("llama3-8b" if on_gpu else "smollm2-135m")
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -313,11 +340,25 @@ def main(argv: list[str] | None = None) -> int:
         out["tests"] = junit_outcomes(args.tests)
         t = out["tests"]
         print(f"\ntests ({args.tests}): {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped")
+    now = time.perf_counter()
+    out["seconds"] = {"tests": tests_s, "benchmark": now - bench_started, "total": now - started}
+    print(f"wall time: {out['seconds']['total']:.0f} s in all (tests {fmt(tests_s, '.0f')} s, benchmark "
+          f"{out['seconds']['benchmark']:.0f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     if args.markdown:
         Path(args.markdown).write_text(markdown(out))
-    return 0
+    return tests_rc
+
+
+def run_tests(junit: str) -> int:
+    """The gpu-marked tests in a pytest of this interpreter, their outcomes written to `junit`; pytest's exit
+    code.  The output goes to this terminal as it comes."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "lib"), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", *GPU_TESTS,
+           f"--junitxml={junit}"]
+    print("$", " ".join(cmd[2:]), flush=True)
+    return subprocess.call(cmd, cwd=ROOT, env=env)
 
 
 def junit_outcomes(path: str) -> dict:
@@ -339,6 +380,10 @@ def markdown(out: dict) -> str:
                f"{out['shape']}-shaped model, {out['parameters'] / 1e6:,.0f} M parameters, "
                f"{out['dtype'].removeprefix('torch.')}; bf16 peak {fmt(out['peak_tflops'], '.0f')} TFLOP/s.")
     lines = [f"# GPU check: {out['device']}", "", machine, ""]
+    if "seconds" in out:
+        sec = out["seconds"]
+        lines += [(f"Wall time: {sec['total']:.0f} s in all (tests {fmt(sec['tests'], '.0f')} s, benchmark "
+                   f"{sec['benchmark']:.0f} s)."), ""]
     if "tests" in out:
         t = out["tests"]
         lines += [f"## Tests: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped", "",

@@ -15,7 +15,7 @@ def cuda():
     import torch
 
     if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (run `pytest -m gpu` there)")
+        pytest.fail("a gpu-marked test needs a CUDA GPU (`pytest -m gpu` runs them; the default run leaves them out)")
 
 
 def test_each_device_and_dtype_gets_its_own_folders_and_cuda_float32_agrees_with_the_cpu(cuda, tiny_model_dir,

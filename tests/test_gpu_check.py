@@ -1,6 +1,11 @@
-"""benchmarks/gpu_check.py runs on a CPU-only machine (its fallback) and its arithmetic is right."""
+"""benchmarks/gpu_check.py runs on a CPU-only machine (with --device cpu), its arithmetic is right, and
+`make gpu-check` without CUDA says so in one line and runs nothing."""
 import importlib.util
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +75,41 @@ def test_cuda_asked_for_without_one_is_a_clear_error(gpu_check, monkeypatch, cap
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpu_check.main(["--device", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+    assert gpu_check.main(["--run-tests", "--json", "x.json"]) == gpu_check.NO_CUDA == 3  # no --device: the check
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "sees no CUDA device, so nothing was run" in err
+
+
+def test_make_gpu_check_without_cuda_stops_in_one_line_and_writes_nothing(tmp_path):
+    """The Makefile's target as a user runs it, in a copy of the repository's parts it uses; CUDA hidden (this
+    machine has none anyway)."""
+    shutil.copy(ROOT / "Makefile", tmp_path)
+    shutil.copytree(ROOT / "benchmarks", tmp_path / "benchmarks")
+    (tmp_path / "lib").symlink_to(ROOT / "lib")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    res = subprocess.run(["make", "--no-print-directory", "gpu-check", f"PYTHON={sys.executable}"], cwd=tmp_path,
+                         capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=120,
+                         check=False)
+    assert res.returncode != 0 and res.stdout == ""
+    ours, make = res.stderr.splitlines()  # our line, and make's report of the exit code
+    assert ours.startswith("gpu-check: torch") and "sees no CUDA device" in ours and make.endswith("Error 3")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no report, no build/
+
+
+def test_run_tests_reports_each_outcome_and_fails_when_a_test_fails(gpu_check, tmp_path, capsys):
+    """What `make gpu-check` runs, on this CPU: the gpu-marked tests fail here for want of CUDA, which the report
+    shows test by test, and the exit code is pytest's, not 0."""
+    out, md = tmp_path / "gc.json", tmp_path / "gc.md"
+    rc = gpu_check.main(["--run-tests", "--device", "cpu", "--shape", "tiny", "--lengths", "64", "--score-length",
+                         "32", "--batches", "1", "--repeats", "1", "--kv", "32,3,3", "--json", str(out), "--markdown",
+                         str(md)])
+    assert rc == 1  # pytest's code for failed tests
+    res = json.loads(out.read_text())
+    t = res["tests"]
+    names = {c["test"] for c in t["cases"]}
+    assert t["failed"] == len(names) >= 15 and t["passed"] == t["skipped"] == 0
+    assert "tests.test_bfloat16::test_batched_and_alone_logliks_agree[bfloat16-cuda]" in names
+    assert any(n.startswith("tests.test_gpu::test_a_sweep_runs_end_to_end_on_cuda_for_each_family") for n in names)
+    sec = res["seconds"]
+    assert 0 < sec["tests"] < sec["total"] and 0 < sec["benchmark"] < sec["total"]
+    assert f"Wall time: {sec['total']:.0f} s in all" in md.read_text()
