@@ -16,6 +16,14 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{%
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 
+def need_cuda(device: str = "cuda") -> None:
+    """A gpu-marked test fails, not skips, without CUDA: `pytest -m gpu` asked for them on purpose."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        pytest.fail("a gpu-marked test needs a CUDA GPU (`pytest -m gpu` runs them; the default run leaves them out)")
+
+
 def build_tiny_model(directory: Path, chat: bool = False, max_positions: int = 2048, seed: int = 0,
                      arch: str = "llama") -> Path:
     """Write a tiny randomly initialised model (grouped-query attention; `arch` llama, qwen2, gemma2 or

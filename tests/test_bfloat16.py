@@ -24,7 +24,7 @@ from litm.models import load_model
 from litm.ordering import gold_at
 from litm.prompts import Variant, render
 
-from conftest import build_tiny_model
+from conftest import build_tiny_model, need_cuda
 
 U = 2.0 ** -9  # bfloat16's unit roundoff
 TOLERANCE = {"float32": 1e-4, "bfloat16": 4 * U}  # per score (nats)
@@ -38,8 +38,7 @@ def model_dir(tmp_path_factory):
 
 
 def _lm(model_dir, device, dtype):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.fail("a gpu-marked test needs a CUDA GPU (`pytest -m gpu` runs them; the default run leaves them out)")
+    need_cuda(device)
     return load_model(model_dir, device=device, dtype=dtype, reuse=False)
 
 

@@ -10,7 +10,6 @@ the main device, the same kernels on the same shapes, so the scores agree exactl
 on CUDA, with GPU 0 in place of the CPU and, there, offloading to the CPU as well."""
 import numpy as np
 import pytest
-import torch
 
 from litm import runner
 from litm.attention import profile
@@ -19,7 +18,7 @@ from litm.models import load_model
 from litm.ordering import gold_at
 from litm.prompts import Variant, render
 
-from conftest import build_tiny_model
+from conftest import build_tiny_model, need_cuda
 
 MAIN = "main"  # the main device: the CPU here, GPU 0 on CUDA
 COMMON = {"model.norm": MAIN, "model.rotary_emb": MAIN}
@@ -47,8 +46,7 @@ def model_dir(tmp_path_factory):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("device, split", CASES)
 def test_a_split_model_scores_exactly_as_the_whole_one(model_dir, device, split, dtype):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.fail("a gpu-marked test needs a CUDA GPU (`pytest -m gpu` runs them; the default run leaves them out)")
+    need_cuda(device)
     whole = load_model(model_dir, device=device, dtype=dtype, reuse=False)
     device_map = placed(split, device)
     lm = load_model(model_dir, device=device, dtype=dtype, reuse=False, device_map=device_map)

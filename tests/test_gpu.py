@@ -12,10 +12,9 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def cuda():
-    import torch
+    from conftest import need_cuda
 
-    if not torch.cuda.is_available():
-        pytest.fail("a gpu-marked test needs a CUDA GPU (`pytest -m gpu` runs them; the default run leaves them out)")
+    need_cuda()
 
 
 def test_each_device_and_dtype_gets_its_own_folders_and_cuda_float32_agrees_with_the_cpu(cuda, tiny_model_dir,
