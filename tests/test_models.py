@@ -74,3 +74,22 @@ def test_cuda_without_a_gpu_is_a_clear_error(monkeypatch, tiny_model_dir):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ModelError, match="no CUDA GPU"):
         load_model(str(tiny_model_dir), device="cuda", reuse=False)
+
+
+def test_synchronize_waits_for_every_gpu_and_nothing_on_the_cpu(monkeypatch):
+    """A model spread over GPUs by device_map queues work on each, and a timer must wait for all of them, not
+    only the first (where inputs go).  Counted through a stand-in for torch.cuda on this CPU machine."""
+    import torch
+
+    from litm.models import synchronize
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda i=None: waited.append(i))
+    synchronize("cpu")
+    synchronize(torch.device("cpu"))
+    assert waited == []
+    synchronize("cuda:0")
+    assert waited == [0, 1, 2]
+    synchronize(torch.device("cuda", 1))
+    assert waited == [0, 1, 2, 0, 1, 2]

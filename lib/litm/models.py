@@ -302,13 +302,14 @@ def choose_device_dtype(device, dtype: str | None):
 
 
 def synchronize(device) -> None:
-    """Wait for the work queued on a GPU: CUDA runs asynchronously, so a clock read without this times the
-    launch of the work, not the work.  A no-op on the CPU."""
+    """Wait for the work queued on the GPUs: CUDA runs asynchronously, so a clock read without this times the
+    launch of the work, not the work.  Every visible GPU is waited for, since a model spread over several by
+    `device_map` queues work on each, and `device` (where its inputs go) is only the first.  A no-op on the CPU."""
     import torch
 
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if torch.device(device).type == "cuda":
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(i)
 
 
 _LOADED: dict[tuple, LoadedModel] = {}

@@ -103,9 +103,9 @@ class PrefillTiming:
 
 def timed_prefill(lm: LoadedModel, prompts: Sequence[Sequence[int]], repeats: int = 3) -> PrefillTiming:
     """Prefill `prompts` cold, and again reusing one KV cache of their common prefix, and check that both give
-    the same last-token logits (to the dtype's `AGREEMENT` of the logits' size).  One untimed prefill warms up (allocator, kernel
-    choice, lazy CUDA set-up); then `repeats` rounds of cold and warm, side by side, each timed between device
-    synchronisations; the medians are reported."""
+    the same last-token logits (to the dtype's `AGREEMENT` of the logits' size).  One untimed prefill warms up
+    (allocator, kernel choice, lazy CUDA set-up); then `repeats` rounds of cold and warm, side by side, each
+    timed between device synchronisations; the medians are reported."""
     import statistics
 
     import torch
@@ -144,7 +144,7 @@ def timed_prefill(lm: LoadedModel, prompts: Sequence[Sequence[int]], repeats: in
                 synchronize(lm.device)
                 t0 = time.perf_counter()
                 logits[name] = fn()
-                synchronize(logits[name][-1].device)  # the last device a sharded model's work reaches
+                synchronize(lm.device)
                 seconds[name].append(time.perf_counter() - t0)
             diff = max(diff, max(float((a - b).abs().max()) for a, b in zip(logits["cold"], logits["warm"])))
     dtype = str(lm.model.dtype).removeprefix("torch.")
