@@ -1,8 +1,8 @@
 """A live explorer for teaching (notebook 00): choose a question, move its gold document with a slider, and
 see the prompt with the gold highlighted, the attention the last prompt token pays each document, and the
 gold answer's log-likelihood and rank among the documents' answers.  Each move renders the prompt and runs
-the model over it once: the attention profile's pass, whose cache then scores the candidate answers.  Where widgets are not rendered (headless, a
-static viewer) the same view is shown as HTML."""
+the model over it once: the attention profile's pass, whose cache then scores the candidate answers.  Where
+widgets are not rendered (headless, a static viewer) the same view is shown as HTML."""
 from __future__ import annotations
 
 import html

@@ -109,6 +109,13 @@ def prepare(config: LeverConfig, lm: LoadedModel) -> Prepared:
     return Prepared(bias, layers, time.perf_counter() - t0, len(held) * config.num_docs)
 
 
+def _prepared(config: LeverConfig, lm: LoadedModel, prepared: Prepared | None) -> Prepared | None:
+    """`prepared`, or measured now when an intervention lever is asked for and none was given."""
+    if prepared is None and set(config.levers) & set(INTERVENTIONS):
+        return prepare(config, lm)
+    return prepared
+
+
 def intervention(lever: str, config: LeverConfig, lm: LoadedModel, prepared: Prepared):
     """The intervention a lever switches on (None for a prompt-level lever)."""
     from .attention_study import position_awareness
@@ -185,8 +192,7 @@ def run(config: LeverConfig, model: LoadedModel | None = None, prepared: Prepare
     import pandas as pd
 
     lm = model or load_model(config.model)
-    if prepared is None and set(config.levers) & set(INTERVENTIONS):
-        prepared = prepare(config, lm)
+    prepared = _prepared(config, lm, prepared)
     from .interventions import intervene
 
     parts = []
@@ -294,8 +300,7 @@ def timed(config: LeverConfig, lm: LoadedModel, prepared: Prepared | None = None
     from .runner import score
     from .stats import edges_and_middle
 
-    if prepared is None and set(config.levers) & set(INTERVENTIONS):
-        prepared = prepare(config, lm)
+    prepared = _prepared(config, lm, prepared)
     middle = edges_and_middle(config.positions)[1][0]
     made = {}
     for lever in config.levers:

@@ -247,8 +247,7 @@ def choice(lm: LoadedModel, prompts: Sequence[Prompt], candidates: Sequence[Sequ
                            **({} if right else {"attention_mask": mask, "position_ids": pos}))
             first_logp = torch.log_softmax(pre.logits[torch.arange(len(batch)), col.to(pre.logits.device)].float(),
                                            dim=-1)
-            scored = candidate_scores(lm, returned_cache(pre), mask,
-                                      first_logp, [conts[i] for i in batch])
+            scored = candidate_scores(lm, returned_cache(pre), mask, first_logp, [conts[i] for i in batch])
         dt = (time.perf_counter() - t0) / len(batch)
         for i, s in zip(batch, scored):
             out[i] = choice_result(s, gold[i], dt)
