@@ -165,8 +165,8 @@ def _fake_run(tiny_lm, tmp_path, monkeypatch, cases, decide, **cfg):
     monkeypatch.setattr(study, "score", lambda lm, prompts, *a: [Scored(prediction="") for _ in prompts])
     monkeypatch.setattr(dg.DiagnoseStudy, "outcome", outcome)
     config = dg.DiagnoseConfig(cases=str(_write(tmp_path, cases)), results_dir=str(tmp_path / "res"), progress=False,
-                               n_boot=500, **cfg)
-    return dg.diagnose(dg.run(config, tiny_lm), n_boot=500)
+                               **cfg)
+    return dg.diagnose(dg.run(config, tiny_lm))
 
 
 LAST = len(dg.DEPTHS) - 1
@@ -198,7 +198,7 @@ def test_cli_writes_a_report_for_two_models(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "report"
     code = main(["diagnose", str(SAMPLE), "--model", str(tiny_model_dir), "--second-model", str(tiny_model_dir),
                  "--template", str(TEMPLATE), "--limit", "2", "--depths", "0,0.5,0.95", "--orders", "2", "--seeds", "0",
-                 "--max-new-tokens", "4", "--results", str(tmp_path / "res"), "--out", str(out), "--n-boot", "200"])
+                 "--max-new-tokens", "4", "--results", str(tmp_path / "res"), "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0
     md = (out / "report.md").read_text()

@@ -66,19 +66,29 @@ def _records(values: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_penalty_changes_are_paired_differences_of_middle_penalties():
+def test_penalty_changes_are_paired_differences_of_middle_penalties_and_of_each_position():
+    from scipy import stats as st
+
     base = [[1.0, -1.0, 1.0], [2.0, 0.0, 0.0], [0.0, -3.0, 2.0], [1.0, 1.0, 1.0]]
     lever = [[1.0, 1.0, 1.0], [2.0, 1.0, 0.0], [0.0, -1.0, 2.0], [1.0, 0.0, 1.0]]
-    got = levers.penalty_changes(_records({"baseline": base, "x": lever}), n_boot=2000).set_index("measure")
+    got = levers.penalty_changes(_records({"baseline": base, "x": lever})).set_index(["measure", "estimand"])
     pen_base = np.array([2.0, 1.0, 4.0, 0.0])  # (first + last) / 2 - middle, by hand
     pen_lever = np.array([0.0, 0.0, 2.0, 1.0])
-    row = got.loc["margin"]
+    row = got.loc[("margin", "middle penalty")]
     assert row["n"] == 4 and row["change"] == pytest.approx((pen_lever - pen_base).mean())
-    assert row["penalty"] == pytest.approx(pen_lever.mean()) and row["baseline_penalty"] == pytest.approx(1.75)
-    assert row["change_low"] <= row["change"] <= row["change_high"]
+    assert row["value"] == pytest.approx(pen_lever.mean()) and row["baseline"] == pytest.approx(1.75)
+    low, high = st.ttest_1samp(pen_lever - pen_base, 0).confidence_interval(0.95)  # t, not a bootstrap, at n = 4
+    assert (row["change_low"], row["change_high"]) == pytest.approx((low, high), abs=1e-12)
+    assert row["p_t"] == pytest.approx(st.ttest_1samp(pen_lever - pen_base, 0).pvalue, rel=1e-10)
     # the mean over positions: baseline 1/3, 2/3, -1/3, 1; the lever's 1, 1, 1/3, 2/3
-    assert row["overall"] == pytest.approx(np.mean([2 / 3, 1 / 3, 2 / 3, -1 / 3]))
-    acc = got.loc["accuracy"]  # right = margin above 0: baseline penalties 1, 0.5, 0.5, 0; lever's 0, -0.5, 0.5, 1
+    assert got.loc[("margin", "mean over positions"), "change"] == pytest.approx(np.mean([2 / 3, 1 / 3, 2 / 3, -1 / 3]))
+    # each position on its own: the middle (rank 5) rises by 2, 1, 2, -1; the edges do not move
+    mid = got.loc[("margin", "rank 5")]
+    assert mid["position"] == 4 and mid["change"] == pytest.approx(1.0) and mid["baseline"] == pytest.approx(-0.75)
+    assert (mid["change_low"], mid["change_high"]) == pytest.approx(
+        tuple(st.ttest_1samp([2.0, 1.0, 2.0, -1.0], 0).confidence_interval(0.95)), abs=1e-12)
+    assert got.loc[("margin", "rank 1"), "change"] == 0.0 and got.loc[("margin", "rank 10"), "change"] == 0.0
+    acc = got.loc[("accuracy", "middle penalty")]  # right = margin above 0: baseline 1, 0.5, 0.5, 0; lever 0, -0.5, 0.5, 1
     assert acc["change"] == pytest.approx(np.mean([-1.0, -1.0, 0.0, 1.0]))
 
 

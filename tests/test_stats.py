@@ -1,4 +1,4 @@
-"""Statistics for position sweeps: intervals, paired tables, paired bootstrap, exact tests, GEE, power.
+"""Statistics for position sweeps: intervals, paired tables, paired t estimates, exact tests, GEE, power.
 
 Every expected number below comes from somewhere other than `litm.stats`: statsmodels or scipy called
 directly, a closed form written out here, or a plain-Python loop over the records.
@@ -18,7 +18,7 @@ from statsmodels.stats.power import TTestPower
 from statsmodels.stats.proportion import proportion_confint
 
 from litm.errors import LitmError, StatsError
-from litm.stats import (PairedTable, bootstrap, cochrans_q, difference, edges_and_middle, mcnemar_exact,
+from litm.stats import (PairedTable, cochrans_q, difference, edges_and_middle, mcnemar_exact,
                         measures_in, middle_effect, middle_penalty, paired_t, paired_table, paired_tests, penalty_sd,
                         position_length_model, primary_measure, questions_needed, versus_baseline, wilcoxon_signed_rank,
                         wilson_interval)
@@ -217,7 +217,7 @@ def test_middle_penalty_needs_three_positions():
     df = sweep_frame({0: {"a": True, "b": False, "c": True}, 9: {"a": False, "b": True, "c": True},
                       "closedbook": {"a": False, "b": False, "c": True}})
     with pytest.raises(StatsError):
-        middle_penalty(df, n_boot=100)
+        middle_penalty(df)
 
 
 def per_question_penalties(outcomes: dict, first, last, middle: list) -> list[float]:
@@ -230,29 +230,18 @@ def test_worked_example_middle_penalty_is_30_5_points():
     df, outcomes = worked_example()
     # counts check the fixture itself
     assert [sum(outcomes[p].values()) for p in (0, 4, 9, 14, 19)] == [176, 144, 112, 138, 170]
-    est = middle_penalty(df, n_boot=20_000, seed=0)
+    est = middle_penalty(df)
     assert est.value == pytest.approx((176 / 200 + 170 / 200) / 2 - 112 / 200, abs=1e-12)
     assert est.value == pytest.approx(0.305, abs=1e-12)
-    assert est.n == 200 and est.n_boot == 20_000 and est.level == 0.95
-    assert est.low < 0.305 < est.high
-    # normal approximation from the per-question penalties
+    assert est.n == 200 and est.level == 0.95 and est.method == "t"
+    # the t interval and t-test of the per-question penalties, written out here
     d = per_question_penalties(outcomes, 0, 19, [9])
     assert statistics.fmean(d) == pytest.approx(0.305, abs=1e-12)
-    half = 1.96 * statistics.stdev(d) / math.sqrt(len(d))
-    assert est.low == pytest.approx(0.305 - half, abs=0.01)
-    assert est.high == pytest.approx(0.305 + half, abs=0.01)
+    half = st.t.ppf(0.975, 199) * statistics.stdev(d) / math.sqrt(len(d))
+    assert est.low == pytest.approx(0.305 - half, abs=1e-12)
+    assert est.high == pytest.approx(0.305 + half, abs=1e-12)
+    assert est.p_value == pytest.approx(st.ttest_1samp(d, 0).pvalue, rel=1e-10)
     assert est.p_value < 0.001  # 30 points over 200 questions is far from 0
-
-
-def test_worked_example_seeds():
-    df, _ = worked_example()
-    a = middle_penalty(df, n_boot=20_000, seed=0)
-    b = middle_penalty(df, n_boot=20_000, seed=0)
-    c = middle_penalty(df, n_boot=20_000, seed=1)
-    assert a == b
-    assert c.value == a.value
-    assert (c.low, c.high) != (a.low, a.high)
-    assert c.low == pytest.approx(a.low, abs=0.01) and c.high == pytest.approx(a.high, abs=0.01)
 
 
 def test_middle_penalty_even_positions_against_a_loop():
@@ -262,12 +251,14 @@ def test_middle_penalty_even_positions_against_a_loop():
     outcomes = {p: {q: bool(rng.random() < r) for q in ids} for p, r in rates.items()}
     outcomes["oracle"] = {q: True for q in ids}
     df = sweep_frame(outcomes)
-    est = middle_penalty(df, n_boot=2000)
+    est = middle_penalty(df)
     d = per_question_penalties(outcomes, 0, 9, [3, 6])
     assert est.value == pytest.approx(statistics.fmean(d), abs=1e-12)
+    low, high = st.t.interval(0.95, len(d) - 1, loc=statistics.fmean(d), scale=st.sem(d))
+    assert (est.low, est.high) == pytest.approx((low, high), abs=1e-12)
     # and from a PairedTable directly, with the SD the power calculation uses
     t = paired_table(df)
-    assert middle_penalty(t, n_boot=2000) == est
+    assert middle_penalty(t) == est
     assert penalty_sd(t) == pytest.approx(statistics.stdev(d), abs=1e-12)
 
 
@@ -278,25 +269,10 @@ def test_penalty_sd_odd_positions_by_hand():
     assert penalty_sd(t) == pytest.approx(statistics.stdev(d), abs=1e-12)
 
 
-# ------------------------------------------------------------------------ bootstrap / difference
-def loop_bootstrap(a: np.ndarray, b: np.ndarray | None, n_boot: int, seed: int) -> tuple[float, float, float]:
-    """Resample question indices with replacement; percentile interval and two-sided p of mean(a - b)
-    (of mean(a) when b is None)."""
-    rng = np.random.default_rng(seed)
-    n = len(a)
-    stats_ = []
-    for _ in range(n_boot):
-        idx = rng.choice(n, size=n, replace=True)
-        stats_.append(float(a[idx].mean() - (0.0 if b is None else b[idx].mean())))
-    arr = np.array(stats_)
-    low, high = np.quantile(arr, [0.025, 0.975])
-    p = min(1.0, 2 * min(float(np.mean(arr <= 0)), float(np.mean(arr >= 0))))
-    return float(low), float(high), p
-
-
+# ------------------------------------------------------------------------ t estimates / difference
 def correlated_pair(n: int, shift: float, seed: int) -> PairedTable:
-    """Two strongly correlated continuous scores per question (a shared per-question level), so that a
-    bootstrap that forgot the pairing would give a far wider interval."""
+    """Two strongly correlated continuous scores per question (a shared per-question level), so that an
+    interval that forgot the pairing would be far wider."""
     rng = np.random.default_rng(seed)
     level = rng.normal(0, 3.0, n)
     a = level + rng.normal(0, 0.5, n) + shift
@@ -305,84 +281,109 @@ def correlated_pair(n: int, shift: float, seed: int) -> PairedTable:
     return PairedTable(ids, (0, 1), np.column_stack([a, b]))
 
 
-def quantile_mc_se(sigma: float, n_boot: int, q: float = 0.025) -> float:
-    """Monte Carlo standard error of a bootstrap q-quantile of a roughly normal statistic with SD sigma:
-    sqrt(q (1 - q) / B) / f(x_q), f the normal density at the quantile."""
-    return math.sqrt(q * (1 - q) / n_boot) / (st.norm.pdf(st.norm.ppf(q)) / sigma)
-
-
-def test_difference_matches_a_loop_bootstrap():
-    t = correlated_pair(150, 0.15, seed=2)
+@pytest.mark.parametrize("n", [4, 6, 150])
+def test_difference_is_scipys_paired_t_interval_and_test(n):
+    t = correlated_pair(n, 0.15, seed=2)
     a, b = t.column(0), t.column(1)
-    est = difference(t, 0, 1, n_boot=10_000, seed=0)
-    low, high, _ = loop_bootstrap(a, b, 4000, seed=123)
-    d = a - b
-    assert est.value == pytest.approx(float(d.mean()), abs=1e-12)
-    sigma = float(np.std(d, ddof=0)) / math.sqrt(len(d))  # SD of the bootstrap distribution
-    tol = 4 * math.hypot(quantile_mc_se(sigma, 10_000), quantile_mc_se(sigma, 4000))
-    assert tol < 0.25 * (high - low)  # tight enough to tell a wrong bootstrap from a right one
-    assert est.low == pytest.approx(low, abs=tol)
-    assert est.high == pytest.approx(high, abs=tol)
-    # an unpaired bootstrap would be ~6x wider here; the paired one is close to the normal interval
-    assert est.high - est.low == pytest.approx(2 * NORMAL_975 * sigma, rel=0.1)
+    est = difference(t, 0, 1)
+    ref = st.ttest_rel(a, b)
+    low, high = ref.confidence_interval(0.95)
+    assert est.value == pytest.approx(float((a - b).mean()), abs=1e-12) and est.n == n
+    assert (est.low, est.high) == pytest.approx((low, high), abs=1e-12)
+    assert est.p_value == pytest.approx(ref.pvalue, rel=1e-10)
+    # an unpaired interval would be ~6x wider here
+    unpaired = st.ttest_ind(a, b).confidence_interval(0.95)
+    assert est.high - est.low < 0.3 * (unpaired[1] - unpaired[0])
 
 
-def test_difference_direction_and_bootstrap_on_reversed_conditions():
+def test_difference_direction_on_reversed_conditions():
     t = correlated_pair(150, 0.15, seed=2)
-    fwd = difference(t, 0, 1, n_boot=4000, seed=7)
-    rev = difference(t, 1, 0, n_boot=4000, seed=7)
+    fwd, rev = difference(t, 0, 1), difference(t, 1, 0)
     assert rev.value == pytest.approx(-fwd.value, abs=1e-12)
     assert rev.low == pytest.approx(-fwd.high, abs=1e-12)
     assert rev.high == pytest.approx(-fwd.low, abs=1e-12)
+    assert rev.p_value == pytest.approx(fwd.p_value, abs=1e-15)
 
 
 def test_difference_p_value_small_for_a_real_difference():
     t = correlated_pair(150, 0.3, seed=4)
-    est = difference(t, 0, 1, n_boot=10_000)
+    est = difference(t, 0, 1)
     assert est.p_value < 0.001
     assert est.low > 0
 
 
-def test_difference_p_value_large_for_identical_columns():
+def test_difference_of_identical_columns_is_zero_with_p_one():
     rng = np.random.default_rng(9)
     x = rng.integers(0, 2, 80).astype(float)
     t = PairedTable(tuple(f"q{i}" for i in range(80)), (0, 4, 9), np.column_stack([x, rng.random(80), x]))
-    est = difference(t, 0, 9, n_boot=2000)
-    assert est.value == 0.0 and est.low == 0.0 and est.high == 0.0
-    assert est.p_value > 0.2
+    est = difference(t, 0, 9)
+    assert est.value == 0.0 and est.low == 0.0 and est.high == 0.0 and est.p_value == 1.0
 
 
-def test_bootstrap_p_value_matches_a_loop_for_a_borderline_difference():
-    t = correlated_pair(100, 0.05, seed=0)
-    a, b = t.column(0), t.column(1)
-    est = bootstrap(t, lambda m: m[..., 0] - m[..., 1], n_boot=20_000, seed=1)
-    _, _, p = loop_bootstrap(a, b, 4000, seed=2)
-    assert 0.08 < p < 0.5  # borderline, so that a p-value off by a factor of two shows
-    # binomial MC error of the two p estimates: SD of 2 * mean(indicator) is 2 sqrt(p(1-p)/B)
-    tol = 4 * math.hypot(2 * math.sqrt(p / 2 * (1 - p / 2) / 20_000), 2 * math.sqrt(p / 2 * (1 - p / 2) / 4000))
-    assert est.p_value == pytest.approx(p, abs=tol)
-
-
-def test_bootstrap_of_one_mean_matches_a_loop():
-    # a statistic of one condition's mean, far from 0: the interval must sit around that mean
-    rng = np.random.default_rng(6)
-    x = rng.normal(10.0, 2.0, 120)
-    t = PairedTable(tuple(f"q{i}" for i in range(120)), (0, 1), np.column_stack([x, rng.random(120)]))
-    est = bootstrap(t, lambda m: m[..., 0], n_boot=10_000, seed=3)
-    low, high, p = loop_bootstrap(x, None, 4000, seed=4)
-    sigma = float(np.std(x, ddof=0)) / math.sqrt(len(x))
-    tol = 4 * math.hypot(quantile_mc_se(sigma, 10_000), quantile_mc_se(sigma, 4000))
-    assert est.value == pytest.approx(float(x.mean()), abs=1e-12)
-    assert est.low == pytest.approx(low, abs=tol)
-    assert est.high == pytest.approx(high, abs=tol)
-    assert p == 0.0  # no draw crosses 0 in either; ours reports (0 + 1) / (draws + 1), never exactly 0
-    assert est.p_value == pytest.approx(2 / (10_000 + 1))
-
-
-def test_bootstrap_needs_two_questions():
+def test_difference_needs_two_questions():
     t = PairedTable(("q",), (0, 1), np.array([[1.0, 0.0]]))
     with pytest.raises(StatsError):
-        difference(t, 0, 1, n_boot=100)
+        difference(t, 0, 1)
+
+
+def test_contrast_weights_and_the_penalty_as_weights():
+    from litm.stats import contrast, penalty_weights
+
+    assert penalty_weights((0, 4, 9, "oracle"), (0, 4, 9)).tolist() == [0.5, -1.0, 0.5, 0.0]
+    assert penalty_weights((0, 3, 6, 9), (0, 3, 6, 9)).tolist() == [0.5, -0.5, -0.5, 0.5]
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=(12, 3))
+    t = PairedTable(tuple(f"q{i}" for i in range(12)), (0, 1, 2), v)
+    est = contrast(t, [1.0, 0.0, -1.0])
+    ref = st.ttest_1samp(v[:, 0] - v[:, 2], 0)
+    assert est.p_value == pytest.approx(ref.pvalue, rel=1e-10)
+    assert (est.low, est.high) == pytest.approx(tuple(ref.confidence_interval(0.95)), abs=1e-12)
+    with pytest.raises(StatsError, match="weights"):
+        contrast(t, [1.0, -1.0])
+
+
+def test_cluster_contrast_is_the_t_interval_of_cluster_contrasts_when_balanced_and_robust_otherwise():
+    """Balanced: every cluster has the same rows per placement, so the CR1 interval on G - 1 df equals the t
+    interval of each cluster's own penalty.  Unbalanced: the CR1 variance written out here by hand."""
+    from litm.stats import cluster_contrast
+
+    rng = np.random.default_rng(4)
+    G, P, R = 7, 3, 4  # clusters, placements, rows per placement
+    clusters = np.repeat(np.arange(G), P * R)
+    place = np.tile(np.repeat(np.arange(P), R), G)
+    y = rng.normal(size=G * P * R) + rng.normal(size=G)[clusters] + np.array([1.0, 0.0, 0.7])[place]
+    X = np.eye(P)[place]
+    c = np.array([0.5, -1.0, 0.5])
+    est = cluster_contrast(X, y, clusters, c)
+    means = np.array([[y[(clusters == g) & (place == p)].mean() for p in range(P)] for g in range(G)])
+    ref = st.ttest_1samp(means @ c, 0)
+    assert est.n == G and est.value == pytest.approx(float((means @ c).mean()), abs=1e-12)
+    assert (est.low, est.high) == pytest.approx(tuple(ref.confidence_interval(0.95)), abs=1e-10)
+    assert est.p_value == pytest.approx(ref.pvalue, rel=1e-8)
+    keep = ~((clusters == 0) & (place == 1) & (np.arange(len(y)) % R == 0))  # one row fewer: unbalanced
+    Xk, yk, ck = X[keep], y[keep], clusters[keep]
+    beta = np.linalg.solve(Xk.T @ Xk, Xk.T @ yk)
+    a = c @ np.linalg.inv(Xk.T @ Xk)
+    u = [sum(a @ Xk[i] * (yk[i] - Xk[i] @ beta) for i in np.flatnonzero(ck == g)) for g in range(G)]
+    se = math.sqrt(G / (G - 1) * sum(x * x for x in u))
+    got = cluster_contrast(Xk, yk, ck, c)
+    assert got.value == pytest.approx(float(c @ beta), abs=1e-12)
+    assert got.high - got.value == pytest.approx(st.t.ppf(0.975, G - 1) * se, rel=1e-10)
+
+
+def test_equivalence_is_two_one_sided_t_tests():
+    from litm.stats import equivalence
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(0.05, 0.3, 40)
+    res = equivalence(x, 0.5)
+    lower = st.ttest_1samp(x, -0.5, alternative="greater").pvalue
+    upper = st.ttest_1samp(x, 0.5, alternative="less").pvalue
+    assert res.name == "TOST" and res.p_value == pytest.approx(max(lower, upper), rel=1e-10)
+    assert res.p_value < 0.05  # the 90% interval lies well inside +-0.5
+    assert equivalence(x[:4], 0.05).p_value > 0.05  # four values cannot show an effect below 0.05
+    with pytest.raises(StatsError, match="margin"):
+        equivalence(x, 0.0)
 
 
 # ------------------------------------------------------------------------ McNemar
@@ -616,30 +617,6 @@ def test_proportion_interval_is_the_share_with_its_wilson_interval():
     assert p != p and lo != lo and hi != hi  # nan for no values
 
 
-def test_cluster_bootstrap_resamples_whole_clusters_and_skips_draws_it_cannot_fit():
-    from litm.stats import cluster_bootstrap
-
-    clusters = np.array(["a", "a", "b", "b", "b", "c"])
-    y = np.array([1.0, 1.0, 0.0, 0.0, 0.0, 5.0])  # constant within each cluster
-    seen = []
-
-    def fit(idx):
-        seen.append(idx)
-        if set(clusters[idx]) == {"c"}:
-            return None  # a draw of only one cluster: skipped
-        return [y[idx].mean(), len(idx)]
-
-    draws = cluster_bootstrap(clusters, fit, n_boot=3000, seed=1)
-    for idx in seen:  # every drawn cluster comes whole: its rows all together, each as often as the cluster
-        counts = {c: int((clusters[idx] == c).sum()) for c in "abc"}
-        assert counts["a"] % 2 == 0 and counts["b"] % 3 == 0
-    assert len(seen) == 3000 and draws.shape[1] == 2
-    only_c = sum(set(clusters[i]) == {"c"} for i in seen)
-    assert len(draws) == 3000 - only_c and only_c > 0
-    # three draws among clusters of 2, 3 and 1 rows: 6 rows on average
-    assert np.mean([len(i) for i in seen]) == pytest.approx(2.0 * 3, rel=0.05)
-
-
 # ------------------------------------------------------------------------ measures and paired tests
 def test_paired_t_matches_scipy_ttest_rel():
     rng = np.random.default_rng(5)
@@ -705,7 +682,7 @@ def continuous_sweep(n: int = 30, seed: int = 0) -> pd.DataFrame:
 def test_middle_effect_on_a_continuous_measure_tests_each_questions_edges_against_its_middle():
     df = continuous_sweep()
     table = paired_table(df, "gold_margin")
-    eff = middle_effect(table, "margin", n_boot=4000, seed=1)
+    eff = middle_effect(table, "margin")
     wide = df.pivot(index="example_id", columns="position", values="gold_margin")
     edges, middle = (wide[0] + wide[9]) / 2, wide[4]
     assert eff.estimate.value == pytest.approx(float((edges - middle).mean()), abs=1e-12)
@@ -713,10 +690,25 @@ def test_middle_effect_on_a_continuous_measure_tests_each_questions_edges_agains
     t, w = eff.tests
     assert t.p_value == pytest.approx(st.ttest_rel(edges, middle).pvalue, rel=1e-10)
     assert w.p_value == pytest.approx(st.wilcoxon(edges - middle).pvalue, rel=1e-10)
-    low, high, _ = loop_bootstrap(edges.to_numpy(), middle.to_numpy(), 4000, seed=9)
-    sigma = float(np.std(edges - middle)) / math.sqrt(30)
-    tol = 4 * quantile_mc_se(sigma, 4000)
-    assert eff.estimate.low == pytest.approx(low, abs=tol) and eff.estimate.high == pytest.approx(high, abs=tol)
+    low, high = st.ttest_rel(edges, middle).confidence_interval(0.95)
+    assert (eff.estimate.low, eff.estimate.high) == pytest.approx((low, high), abs=1e-12)
+
+
+def test_middle_effect_on_right_wrong_tests_the_penalty_it_estimates():
+    """The sign test counts the questions whose own penalty (edges averaged, minus the middle) is above and
+    below 0: the estimand the interval is about, not the first position against the middle."""
+    df, outcomes = worked_example()
+    eff = middle_effect(paired_table(df), "accuracy")
+    q, sign = eff.tests
+    d = np.array(per_question_penalties(outcomes, 0, 19, [9]))
+    ref = st.binomtest(int(min((d > 0).sum(), (d < 0).sum())), int((d != 0).sum()), 0.5).pvalue
+    assert q.name == "Cochran's Q" and sign.name == "sign test"
+    assert sign.p_value == pytest.approx(ref, rel=1e-12)
+    assert sign.detail == {"above": int((d > 0).sum()), "below": int((d < 0).sum())}
+    # one edge against one middle: the sign test is McNemar's exact test
+    a, b = np.array([1, 1, 0, 1, 0, 1, 1.0]), np.array([0, 1, 0, 0, 0, 1, 0.0])
+    from litm.stats import sign_test
+    assert sign_test(a - b).p_value == pytest.approx(mcnemar_exact(a, b).p_value, abs=1e-15)
 
 
 def test_measures_held_and_the_primary_one():
@@ -743,15 +735,14 @@ def test_versus_baseline_averages_a_questions_records_and_pairs_over_questions()
                              "gold_loglik": level + shift + rng.normal(0, 0.5)})
     rows.append({"example_id": "q20", "arm": "better", "status": "too_long", "correct": None, "gold_loglik": None})
     df = pd.DataFrame(rows)
-    out = versus_baseline(df, "base", condition="arm", n_boot=4000, seed=2)
+    out = versus_baseline(df, "base", condition="arm")
     (row,) = out.to_dict("records")
     means = df[df.status == "ok"].groupby(["example_id", "arm"])["gold_loglik"].mean().unstack()
     d = (means["better"] - means["base"]).to_numpy()
     assert row["measure"] == "loglik" and row["n"] == 20 and row["diff"] == pytest.approx(d.mean(), abs=1e-12)
     assert row["t_p"] == pytest.approx(st.ttest_rel(means["better"], means["base"]).pvalue, rel=1e-10)
     assert row["wilcoxon_p"] == pytest.approx(st.wilcoxon(d).pvalue, rel=1e-10)
-    low, high, _ = loop_bootstrap(d, None, 4000, seed=8)
-    tol = 4 * quantile_mc_se(float(np.std(d)) / math.sqrt(20), 4000)
-    assert row["diff_low"] == pytest.approx(low, abs=tol) and row["diff_high"] == pytest.approx(high, abs=tol)
+    low, high = st.ttest_1samp(d, 0).confidence_interval(0.95)
+    assert (row["diff_low"], row["diff_high"]) == pytest.approx((low, high), abs=1e-12)
     with pytest.raises(StatsError, match="baseline"):
         versus_baseline(df, "nope", condition="arm")

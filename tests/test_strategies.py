@@ -117,11 +117,13 @@ def test_summary_is_paired_against_the_baseline():
     df = _records({"r|after": [1, 1, 0, 0, 1, 0], "u|after": [1, 1, 1, 0, 1, 1]})
     s = S.summarize(df).set_index("condition")
     assert s.loc["r|after", "accuracy"] == pytest.approx(0.5) and s.loc["u|after", "accuracy"] == pytest.approx(5 / 6)
-    e = S.effects(df, n_boot=2000).set_index("condition")
+    e = S.effects(df).set_index("condition")
     assert list(e.index) == ["u|after"] and e.loc["u|after", "measure"] == "accuracy"
     assert e.loc["u|after", "diff"] == pytest.approx(2 / 6)
     assert e.loc["u|after", "mcnemar_p"] == pytest.approx(0.5)  # 2 discordant pairs, both one way: 2 * 0.5**2
-    assert e.loc["u|after", "diff_low"] >= 0
+    # t interval of the per-question differences 0, 0, 1, 0, 0, 1 (sd sqrt(4/15)), not the bootstrap's [0, 2/3]
+    half = 2.5705818366 * (4 / 15) ** 0.5 / 6 ** 0.5  # t(5) 97.5% quantile
+    assert (e.loc["u|after", "diff_low"], e.loc["u|after", "diff_high"]) == pytest.approx((1 / 3 - half, 1 / 3 + half))
     place = S.rank_placement(df, ranks=2).set_index(["arrangement", "rank"])
     assert place.loc[("u", 2), "after"] == 1.0 and place.loc[("r", 2), "before"] == 1.0
     with pytest.raises(StatsError, match="baseline"):
@@ -233,7 +235,7 @@ def test_strategy_and_compression_figures_show_paired_differences_on_a_continuou
 
     df = _records({"r|after": [1, 0, 1, 0], "u|after": [1, 1, 0, 1], "gold@0|after": [1, 1, 1, 1]})
     df["gold_margin"] = [0.5, -1.0, 0.2, -0.3, 0.9, 0.1, -0.2, 0.4, 2.0, 1.5, 1.0, 0.5]
-    eff = S.effects(df, n_boot=500)
+    eff = S.effects(df)
     fig = plots.strategy_accuracy(S.summarize(df), effects=eff)
     _, bx = fig.axes
     diffs = bx.lines[0].get_xdata()  # bottom to top: the conditions after the baseline, in order
@@ -245,7 +247,7 @@ def test_strategy_and_compression_figures_show_paired_differences_on_a_continuou
                           "answer_kept": True, "sentence_kept": True, "seconds": 0.0}
                          for i in range(3) for s, b in (("none", None), ("truncate", 250)) for p in (0, 9)
                          for m in [i - (0.5 if s == "truncate" else 0.0) + p / 9]])
-    ceff = CS.effects(comp, n_boot=200)
+    ceff = CS.effects(comp)
     row = ceff[ceff.measure == "margin"].iloc[0]
     assert row["arm"] == "truncate@250" and row["diff"] == pytest.approx(-0.5)
     fig = plots.accuracy_vs_kept_tokens(CS.summarize(comp), effects=ceff)

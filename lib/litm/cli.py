@@ -70,16 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="markdown, LaTeX and CSV tables, tests and figures from stored results")
     r.add_argument("results", nargs="+", help="results folders (a run folder or a folder of them)")
     r.add_argument("--out", default="reports", help="where report.md, report.tex and the figures go")
-    r.add_argument("--n-boot", type=int, default=10_000)
-    r.add_argument("--seed", type=int, default=0)
     r.add_argument("--primary", default=None, choices=("accuracy", "loglik", "margin"),
                    help="the measure to lead with (default: accuracy where the records have it)")
 
     c = sub.add_parser("compare", help="do two runs differ in their position profile? exit 1 on a regression")
     c.add_argument("a", help="results of run A (the reference)")
     c.add_argument("b", help="results of run B (the candidate)")
-    c.add_argument("--n-boot", type=int, default=10_000)
-    c.add_argument("--seed", type=int, default=0)
     c.add_argument("--measure", default=None, choices=("accuracy", "loglik", "margin"),
                    help="the measure compared (default: accuracy where the records have it)")
     c.add_argument("--different-configs", action="store_true",
@@ -106,7 +102,6 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--batch-size", type=int, default=4)
     d.add_argument("--results", default="results/diagnose")
     d.add_argument("--out", default="reports/diagnose", help="where report.md and the figures go")
-    d.add_argument("--n-boot", type=int, default=2000)
     d.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
     d.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (as for sweep)")
 
@@ -132,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             from .report import write_report
 
-            out = write_report(args.results, args.out, n_boot=args.n_boot, seed=args.seed, primary=args.primary)
+            out = write_report(args.results, args.out, primary=args.primary)
             print(out["markdown"])
             print(f"wrote {Path(args.out) / 'report.md'}, {Path(args.out) / 'report.tex'}, {out['csv']} and "
                   f"{len(out['figures'])} figure files")
@@ -155,8 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compare":
             from .report import compare
 
-            result = compare(args.a, args.b, n_boot=args.n_boot, seed=args.seed,
-                             different_configs=args.different_configs, measure=args.measure)
+            result = compare(args.a, args.b, different_configs=args.different_configs, measure=args.measure)
             print(result.text)
             return 1 if result.verdict == "regression" else 0
         from .experiment import SweepConfig, load_backend, summarize, sweep
@@ -192,13 +186,13 @@ def _diagnose(args) -> int:
                             adversarial=tuple(k for k in args.adversarial.split(",") if k.strip()),
                             max_prompt_tokens=args.max_prompt_tokens, scoring=args.scoring,
                             max_new_tokens=args.max_new_tokens, limit=args.limit, batch_size=args.batch_size,
-                            results_dir=args.results, n_boot=args.n_boot)
+                            results_dir=args.results)
     cases = dg.read_cases(args.cases)  # bad input fails before a model loads
     diagnoses = []
     for name in [args.model] + ([args.second_model] if args.second_model else []):
         df = dg.run(replace(cfg, model=name), load_model(name, device=args.device, dtype=args.dtype), cases)
-        diagnoses.append(dg.diagnose(df, n_boot=args.n_boot))
-    comparison = dg.compare_models(*diagnoses, n_boot=args.n_boot) if len(diagnoses) == 2 else None
+        diagnoses.append(dg.diagnose(df))
+    comparison = dg.compare_models(*diagnoses) if len(diagnoses) == 2 else None
     out = dg.write_report(diagnoses, cfg, args.out, comparison)
     print(out["markdown"])
     print(f"wrote {out['path']} and {len(out['figures'])} figure files")

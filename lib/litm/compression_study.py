@@ -136,12 +136,12 @@ def summarize(df):
     return pd.DataFrame(rows)
 
 
-def effects(df, n_boot: int = 10_000, seed: int = 0):
+def effects(df):
     """Each strategy at each budget minus the uncompressed prompt, on every measure the records hold, paired
     over questions (each question's gold positions averaged; `stats.versus_baseline`)."""
     from .stats import versus_baseline
 
-    return versus_baseline(arms(df), NONE, condition="arm", n_boot=n_boot, seed=seed)
+    return versus_baseline(arms(df), NONE, condition="arm")
 
 
 def arms(df):

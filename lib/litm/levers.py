@@ -252,12 +252,13 @@ def penalties(df, measure: str = "margin", overall: bool = False):
                          for lv in levers})
 
 
-def penalty_changes(df, measures=("margin", "accuracy"), baseline: str = "baseline", n_boot: int = 10_000,
-                    seed: int = 0):
-    """Each lever's middle penalty minus the baseline's, paired over questions, per measure: the estimate with
-    its bootstrap 95% interval and p-value, the paired t and Wilcoxon p-values, and the penalties themselves.
-    Below 0: the lever flattens the position curve.  Beside it, `overall`: the lever's mean over the positions
-    minus the baseline's, with its interval, since a curve also flattens when its edges fall."""
+def penalty_changes(df, measures=("margin", "accuracy"), baseline: str = "baseline"):
+    """Each lever against the baseline, paired over questions, per measure, as one row per lever, measure and
+    estimand: the change in the middle penalty (below 0 the lever flattens the position curve), the change at
+    each gold position (`position`, 0-based; a curve also flattens when its edges fall, so the middle's own
+    change says whether the middle rose), and the change in the mean over the positions.  Each row has the
+    lever's and the baseline's own value, the change with its t 95% interval, and the paired t and Wilcoxon
+    p-values; only questions scored under every lever and position count."""
     import pandas as pd
 
     from . import stats
@@ -266,24 +267,28 @@ def penalty_changes(df, measures=("margin", "accuracy"), baseline: str = "baseli
     rows = []
     for name in measures:
         m = stats.measure(name)
-        pen = penalties(df, m.name)
-        if len(pen) < 2:
+        wide = _wide(df, m.name)
+        if len(wide) < 2:
             raise StatsError(f"fewer than two questions have a {m.label} under every lever and position.")
-        mean = penalties(df, m.name, overall=True)
-        table = stats.PairedTable(tuple(pen.index), tuple(pen.columns), pen.to_numpy())
-        means = stats.PairedTable(tuple(mean.index), tuple(mean.columns), mean.to_numpy())
-        for lever in pen.columns:
-            if lever == baseline:
-                continue
-            est = stats.difference(table, lever, baseline, n_boot, seed)
-            t, w = stats.paired_tests(table.column(lever), table.column(baseline), False)
-            whole = stats.difference(means, lever, baseline, n_boot, seed)
-            rows.append({"lever": lever, "measure": m.name, "n": est.n, "penalty": float(pen[lever].mean()),
-                         "baseline_penalty": float(pen[baseline].mean()), "change": est.value,
-                         "change_low": est.low, "change_high": est.high, "p_boot": est.p_value,
-                         "p_t": t.p_value, "p_wilcoxon": w.p_value, "overall": whole.value,
-                         "overall_low": whole.low, "overall_high": whole.high})
-    return pd.DataFrame(rows)
+        positions = sorted(set(df["position"]))
+        estimands = [("middle penalty", None, penalties(df, m.name)), ("mean over positions", None,
+                                                                        penalties(df, m.name, overall=True))]
+        estimands += [(f"rank {p + 1}", p, pd.DataFrame({lv: wide[(lv, p)] for lv in dict.fromkeys(df["lever"])}))
+                      for p in positions]
+        for estimand, position, table in estimands:
+            for lever in table.columns:
+                if lever == baseline:
+                    continue
+                est = stats.difference(stats.PairedTable(tuple(table.index), tuple(table.columns), table.to_numpy()),
+                                       lever, baseline)
+                t, w = stats.paired_tests(table[lever].to_numpy(), table[baseline].to_numpy(), False)
+                rows.append({"lever": lever, "measure": m.name, "estimand": estimand, "position": position,
+                             "n": est.n, "value": float(table[lever].mean()), "baseline": float(table[baseline].mean()),
+                             "change": est.value, "change_low": est.low, "change_high": est.high,
+                             "p_t": t.p_value, "p_wilcoxon": w.p_value})
+    out = pd.DataFrame(rows)
+    out["position"] = out["position"].astype("Int64")
+    return out
 
 
 def timed(config: LeverConfig, lm: LoadedModel, prepared: Prepared | None = None, rounds: int = 3):
@@ -351,3 +356,29 @@ def pilot_changes(df, lever: str, measure: str = "margin", baseline: str = "base
     """Each question's change in middle penalty under `lever` against the baseline (for `planning.plan`)."""
     pen = penalties(df, measure)
     return (pen[lever] - pen[baseline]).to_numpy()
+
+
+def describe(changes, lever: str, measure: str = "margin") -> str:
+    """One sentence from `penalty_changes` for a lever against the baseline on a measure: the change in the
+    middle penalty and at every gold position (the middle's own change first among them: it says whether the
+    middle rose or the edges fell), and in the mean over the positions, each with its t interval and p."""
+    from . import stats
+
+    m = stats.measure(measure)
+    rows = changes[(changes["lever"] == lever) & (changes["measure"] == m.name)].set_index("estimand")
+    if rows.empty:
+        raise StatsError(f"no {m.label} changes for {lever!r}; the table holds {sorted(set(changes['lever']))}.")
+
+    def part(name: str) -> str:
+        r = rows.loc[name]
+        return (f"{name} {m.format(r['change'], True)} [{m.format(r['change_low'], True)}, "
+                f"{m.format(r['change_high'], True)}] (from {m.format(r['baseline'])}, t p = {r['p_t']:.2g})")
+
+    ranks = rows[rows["position"].notna()].sort_values("position")
+    _, middle = stats.edges_and_middle([int(p) for p in ranks["position"]])
+    mid = [f"rank {p + 1}" for p in middle]
+    others = [name for name in ranks.index if name not in mid]
+    return (f"{lever} minus the baseline on the {m.label} ({m.unit}, 95% paired t intervals, "
+            f"n = {int(rows['n'].max())} questions): " + "; ".join(
+                [part("middle penalty")] + [f"the middle, {part(n)}" for n in mid] + [part(n) for n in others]
+                + [part("mean over positions")]) + ".")

@@ -99,10 +99,10 @@ def position_curve(df, label_by: str | None = None, ax=None, title: str | None =
     return _finish(fig, title, ax)
 
 
-def describe_curve(df, primary: str | None = None, n_boot: int = 10_000, seed: int = 0) -> str:
+def describe_curve(df, primary: str | None = None) -> str:
     """The numbers behind a position curve, one sentence per measure with `primary` first (default: the
     first the records hold): each position and baseline, and the edges against the middle as the middle
-    penalty defines them (`stats.edges_and_middle`), with its paired-bootstrap interval and n."""
+    penalty defines them (`stats.edges_and_middle`), with its paired t interval and n."""
     s = summarize(df)
     first = primary_measure(df, primary)
     docs = s[s["condition"] == "documents"].sort_values("position")
@@ -117,7 +117,7 @@ def describe_curve(df, primary: str | None = None, n_boot: int = 10_000, seed: i
             value = dict(zip(docs["position"].astype(int), docs[col]))
             edges, middle = edges_and_middle(list(value))
             names = " and ".join(str(p + 1) for p in middle)
-            est = middle_penalty(paired_table(df, m.column), n_boot, seed)
+            est = middle_penalty(paired_table(df, m.column))
             text += (f". The edges (positions {edges[0] + 1} and {edges[1] + 1}) average "
                      f"{fmt(np.mean([value[p] for p in edges]))} against {fmt(np.mean([value[p] for p in middle]))} "
                      f"in the middle (position{'s' if len(middle) > 1 else ''} {names}): a middle penalty of "
@@ -268,7 +268,7 @@ def _panels(effects, measure, size):
 
 
 def _difference_panel(ax, effects, m, column: str, labels, baseline: str):
-    """Paired differences from the baseline with 95% bootstrap intervals, one row per label, a line at 0."""
+    """Paired differences from the baseline with 95% t intervals, one row per label, a line at 0."""
     e = effects[effects["measure"] == m.name].set_index(column).reindex(labels)
     y = np.arange(len(labels))[::-1]
     ax.errorbar(e["diff"], y, xerr=[e["diff"] - e["diff_low"], e["diff_high"] - e["diff"]], fmt="o", color="C2",
@@ -276,7 +276,7 @@ def _difference_panel(ax, effects, m, column: str, labels, baseline: str):
     ax.axvline(0, color="C0", linestyle="--", linewidth=1)
     ax.set_yticks(y, [str(x).replace("|", " · ") for x in labels])
     n = int(e["n"].dropna().iloc[0]) if e["n"].notna().any() else 0
-    ax.set_xlabel(f"{m.label.capitalize()} minus {baseline} ({m.unit}; 95% paired bootstrap, n = {n})")
+    ax.set_xlabel(f"{m.label.capitalize()} minus {baseline} ({m.unit}; 95% paired t interval, n = {n})")
     ax.grid(alpha=0.3, axis="x")
 
 
@@ -463,24 +463,35 @@ def lever_curves(curves, title: str | None = None, chance: float | None = None):
     return _finish(fig, title)
 
 
+# Okabe and Ito's colour-blind-safe palette (black first)
+OKABE_ITO = ("#000000", "#E69F00", "#56B4E9", "#009E73", "#0072B2", "#D55E00", "#CC79A7", "#F0E442")
+
+
 def lever_forest(changes, title: str | None = None):
-    """Notebook 08: a forest plot per measure (`levers.penalty_changes`): each lever's middle penalty minus the
-    baseline's, paired over questions, with its 95% bootstrap interval; left of 0 the lever flattens the curve."""
+    """Notebook 08: a forest plot per measure (`levers.penalty_changes`): for each lever, its change against the
+    baseline in the middle penalty (black; left of 0 the curve flattens) and at each gold rank (coloured; above
+    0 the lever lifts that rank), paired over questions with 95% t intervals."""
     import matplotlib.pyplot as plt
 
+    changes = changes[changes["estimand"] != "mean over positions"]
     names = list(dict.fromkeys(changes["measure"]))
     levers = list(dict.fromkeys(changes["lever"]))
-    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 0.45 * len(levers) + 1.6), squeeze=False)
-    y = np.arange(len(levers))[::-1]
+    estimands = list(dict.fromkeys(changes["estimand"]))  # the middle penalty, then each rank
+    k = len(estimands)
+    fig, axes = plt.subplots(1, len(names), figsize=(5.6 * len(names), 0.28 * k * len(levers) + 1.8), squeeze=False)
     for ax, name in zip(axes[0], names):
         m = as_measure(name)
-        e = changes[changes["measure"] == name].set_index("lever").reindex(levers)
-        mid, lo, hi = (m.scale(e[c].to_numpy()) for c in ("change", "change_low", "change_high"))
-        ax.errorbar(mid, y, xerr=[mid - lo, hi - mid], fmt="o", color="C2", capsize=3)
-        ax.axvline(0, color="black", linestyle="--", linewidth=1)
-        ax.set_yticks(y, levers)
-        n = int(e["n"].max())
-        ax.set_xlabel(f"Change in the middle penalty on the {m.name} ({m.unit})\n95% paired bootstrap, n = {n} "
-                      "questions", fontsize=9)
+        for j, estimand in enumerate(estimands):
+            e = changes[(changes["measure"] == name) & (changes["estimand"] == estimand)].set_index("lever").reindex(levers)
+            y = (len(levers) - 1 - np.arange(len(levers))) * (k + 1) + (k - 1 - j)
+            mid, lo, hi = (m.scale(e[c].to_numpy(dtype=float)) for c in ("change", "change_low", "change_high"))
+            ax.errorbar(mid, y, xerr=[mid - lo, hi - mid], fmt="s" if j == 0 else "o", color=OKABE_ITO[j % 8],
+                        capsize=2, markersize=5, label=f"{estimand}" + (" (edges minus middle)" if j == 0 else ""))
+        ax.axvline(0, color="grey", linestyle="--", linewidth=1)
+        ax.set_yticks((len(levers) - 1 - np.arange(len(levers))) * (k + 1) + (k - 1) / 2, levers)
+        n = int(changes.loc[changes["measure"] == name, "n"].max())
+        ax.set_xlabel(f"Lever minus baseline on the {m.name} ({m.unit}), 95% paired t interval, n = {n} questions",
+                      fontsize=9)
         ax.grid(alpha=0.3, axis="x")
+    axes[0][0].legend(fontsize=7, loc="best")
     return _finish(fig, title)

@@ -74,7 +74,7 @@ class SweepReport:
         return self.effects[0].estimate if self.effects else None
 
 
-def analyse(df, n_boot: int = 10_000, seed: int = 0, primary: str | None = None) -> list[SweepReport]:
+def analyse(df, primary: str | None = None) -> list[SweepReport]:
     """One SweepReport per sweep found in `df` (from `load_results` or `sweep()`); `primary` names the
     measure to lead with (default: the first the records hold, see `stats.measures_in`)."""
     out = []
@@ -89,7 +89,7 @@ def analyse(df, n_boot: int = 10_000, seed: int = 0, primary: str | None = None)
         tables = {m.name: stats.paired_table(g, m.column) for m in held}
         t = tables[first.name]
         positions = [c for c in t.conditions if isinstance(c, (int, np.integer))]
-        effects = ([stats.middle_effect(tables[m.name], m, n_boot, seed) for m in held] if len(positions) >= 3
+        effects = ([stats.middle_effect(tables[m.name], m) for m in held] if len(positions) >= 3
                    else [])
         out.append(SweepReport(sid, json.loads(g["sweep_config"].iloc[0]), summarize(g), effects, first,
                                len(t.ids), t.dropped + unrun, sorted(g["config_hash"].unique())))
@@ -109,8 +109,8 @@ def effect_line(e: stats.Effect, what: str = "Middle penalty (edges minus middle
     m, est = e.measure, e.estimate
     tests = "; ".join(f"{t.name} p = {t.p_value:.3g}" for t in e.tests)
     return (f"{what}, {m.label}: {m.format(est.value, True)} {m.unit}, 95% CI [{m.format(est.low, True)}, "
-            f"{m.format(est.high, True)}], n = {est.n} questions (paired bootstrap, {est.n_boot} draws, "
-            f"p = {est.p_value:.3g}; {tests}).")
+            f"{m.format(est.high, True)}], n = {est.n} questions (t interval, t-test p = {est.p_value:.3g}; "
+            f"{tests}).")
 
 
 def difference_line(effects, condition, baseline: str, measure: str, column: str = "condition") -> str:
@@ -121,12 +121,11 @@ def difference_line(effects, condition, baseline: str, measure: str, column: str
         raise StatsError(f"no {m.label} difference for {condition!r}; the table holds "
                          f"{sorted(set(effects[column]))} on {sorted(set(effects['measure']))}.")
     r = rows.iloc[0]
-    tests = "; ".join(f"{name} p = {r[col]:.3g}" for name, col in (("McNemar", "mcnemar_p"), ("paired t", "t_p"),
-                                                                    ("Wilcoxon", "wilcoxon_p"))
+    tests = "; ".join(f"{name} p = {r[col]:.3g}" for name, col in (("McNemar", "mcnemar_p"), ("Wilcoxon", "wilcoxon_p"))
                       if col in r and r[col] == r[col])
     return (f"{condition} minus {baseline}, {m.label}: {m.format(r['diff'], True)} {m.unit}, 95% CI "
             f"[{m.format(r['diff_low'], True)}, {m.format(r['diff_high'], True)}], n = {int(r['n'])} questions "
-            f"(paired bootstrap p = {r['p_boot']:.3g}; {tests}).")
+            f"(t interval, t-test p = {r['t_p']:.3g}; {tests}).")
 
 
 def to_markdown(reports: list[SweepReport]) -> str:
@@ -174,7 +173,7 @@ def to_latex(reports: list[SweepReport]) -> str:
         out += [r"\bottomrule", r"\end{tabular}",
                 f"\\caption{{{c.get('task')}, {model}, {c.get('num_docs')} documents, {c.get('scoring')} scoring; "
                 f"primary measure: {r.primary.label}. Wilson (accuracy) or $t$ (continuous) 95\\% intervals; middle "
-                f"penalty (edges minus middle) by paired bootstrap over questions. {tests}. "
+                f"penalty (edges minus middle) paired over questions, $t$ interval. {tests}. "
                 f"Sweep \\texttt{{{r.sweep_id}}}.}}}}", r"\end{table}", ""]
     return "\n".join(out)
 
@@ -203,8 +202,7 @@ def to_table(reports: list[SweepReport]):
     return table
 
 
-def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, seed: int = 0,
-                 primary: str | None = None) -> dict:
+def write_report(paths, out_dir: str | Path = "reports", primary: str | None = None) -> dict:
     """Analyse results and write report.md, report.tex, report.csv (`to_table`: the per-position numbers) and
     one position-curve figure per sweep."""
     import matplotlib.pyplot as plt
@@ -212,7 +210,7 @@ def write_report(paths, out_dir: str | Path = "reports", n_boot: int = 10_000, s
     from .plots import position_curve, save_figure
 
     df = load_results(paths)
-    reports = analyse(df, n_boot=n_boot, seed=seed, primary=primary)
+    reports = analyse(df, primary=primary)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, tex = to_markdown(reports), to_latex(reports)
@@ -247,11 +245,11 @@ def _one_sweep(df, side: str):
     return json.loads(df["sweep_config"].iloc[0])
 
 
-def compare(a_paths, b_paths, n_boot: int = 10_000, seed: int = 0, different_configs: bool = False,
-            level: float = 0.95, measure: str | None = None) -> Comparison:
+def compare(a_paths, b_paths, different_configs: bool = False, level: float = 0.95,
+            measure: str | None = None) -> Comparison:
     """Do runs A and B (same questions, same positions) differ in their position profile?
 
-    Decided by paired bootstraps over questions of the change in middle penalty and in the mean over the
+    Decided by paired t intervals over questions of the change in middle penalty and in the mean over the
     gold positions, on `measure` (default: accuracy, else the gold log-likelihood).  A regression is a
     significantly larger penalty or a significantly lower mean in B.
     """
@@ -268,14 +266,15 @@ def compare(a_paths, b_paths, n_boot: int = 10_000, seed: int = 0, different_con
     if set(ta.ids) != set(tb.ids) and not different_configs:
         raise StatsError(f"A and B are not paired: {len(ta.ids)} and {len(tb.ids)} questions, "
                          f"{len(set(ta.ids) & set(tb.ids))} in common. Run both on the same data, seed and limit.")
-    return compare_tables(ta, tb, ca.get("model"), cb.get("model"), diffs, n_boot, seed, level)
+    return compare_tables(ta, tb, ca.get("model"), cb.get("model"), diffs, level)
 
 
 def compare_tables(ta: "stats.PairedTable", tb: "stats.PairedTable", name_a, name_b, diffs: dict | None = None,
-                   n_boot: int = 10_000, seed: int = 0, level: float = 0.95, unit: str | None = None,
+                   level: float = 0.95, unit: str | None = None,
                    what: str = "questions", where: str = "positions") -> Comparison:
     """`compare` on two paired tables (units x gold positions) of the same units: the change in middle
-    penalty and in the mean over positions, B minus A, by paired bootstrap over the common units."""
+    penalty and in the mean over positions, B minus A, each unit's own change with a t interval over the
+    common units."""
     diffs = diffs or {}
     if ta.conditions != tb.conditions:
         raise StatsError(f"A and B have different gold positions ({ta.conditions} vs {tb.conditions}).")
@@ -283,16 +282,11 @@ def compare_tables(ta: "stats.PairedTable", tb: "stats.PairedTable", name_a, nam
     if len(common) < 2:
         raise StatsError(f"A and B are not paired: {len(ta.ids)} and {len(tb.ids)} {what}, {len(common)} "
                          "in common. Run both on the same data, seed and limit.")
-    k, positions = len(ta.conditions), list(ta.conditions)
-    both = stats.PairedTable(tuple(common), tuple((side, c) for side in "AB" for c in positions),
-                             np.hstack([t.values[[t.ids.index(i) for i in common]] for t in (ta, tb)]))
-
-    def change(statistic):  # B's statistic of the condition means minus A's
-        return stats.bootstrap(both, lambda m: statistic(m[..., k:]) - statistic(m[..., :k]), n_boot, seed, level)
-
-    mean_change = change(lambda m: m.mean(-1))
-    penalty_change = (change(lambda m: stats.penalty_from_means(m, positions, positions)) if len(positions) >= 3
-                      else None)
+    positions = list(ta.conditions)
+    va, vb = (t.values[[t.ids.index(i) for i in common]] for t in (ta, tb))
+    mean_change = stats.t_estimate(vb.mean(1) - va.mean(1), level)
+    penalty_change = (stats.t_estimate((vb - va) @ stats.penalty_weights(positions, positions), level)
+                      if len(positions) >= 3 else None)
     worse = (penalty_change is not None and penalty_change.low > 0) or mean_change.high < 0
     better = (penalty_change is not None and penalty_change.high < 0) or mean_change.low > 0
     verdict = "regression" if worse else "improvement" if better else "no significant difference"
@@ -305,7 +299,7 @@ def compare_tables(ta: "stats.PairedTable", tb: "stats.PairedTable", name_a, nam
     for name, e in (("middle penalty, B - A", penalty_change), ("mean over positions, B - A", mean_change)):
         if e is not None:
             lines.append(f"{name}: {scale * e.value:+.1f} {unit}, {int(level * 100)}% CI [{scale * e.low:+.1f}, "
-                         f"{scale * e.high:+.1f}] (paired bootstrap, {e.n_boot} draws, p = {e.p_value:.3g})")
+                         f"{scale * e.high:+.1f}] (paired t, p = {e.p_value:.3g})")
     lines.append(f"verdict: {verdict}"
                  + (" (decided by the interval that excludes 0 above)" if verdict != "no significant difference" else ""))
     return Comparison(verdict, penalty_change, mean_change, diffs, len(common), "\n".join(lines))

@@ -237,12 +237,12 @@ def summarize(df):
     return pd.DataFrame(rows)
 
 
-def effects(df, baseline: str | None = None, n_boot: int = 10_000, seed: int = 0):
+def effects(df, baseline: str | None = None):
     """Each condition minus `baseline` (default: the first condition) on every measure the records hold,
     paired over questions (`stats.versus_baseline`)."""
     from .stats import versus_baseline
 
-    return versus_baseline(df, baseline or df["condition"].iloc[0], n_boot=n_boot, seed=seed)
+    return versus_baseline(df, baseline or df["condition"].iloc[0])
 
 
 def rank_placement(df, ranks: int = 3):

@@ -25,7 +25,7 @@ from .types import Example
 
 # How a study is run, not what it measures: left out of every run hash.  The backend and the tensor-parallel
 # size enter through the model's run identity instead.
-NOT_HASHED = frozenset({"limit", "batch_size", "results_dir", "data_dir", "progress", "shard", "n_boot", "backend",
+NOT_HASHED = frozenset({"limit", "batch_size", "results_dir", "data_dir", "progress", "shard", "backend",
                         "tensor_parallel"})
 LEAD_COLUMNS = ("model", "task", "num_docs", "condition", "position", "example_id", "status", "correct", "gold_rank",
                 "gold_loglik", "gold_margin", "prediction", "prompt_tokens", "gold_index", "gold_token_start",

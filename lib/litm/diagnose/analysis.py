@@ -1,6 +1,6 @@
 """What a diagnosis measures: per placement accuracy, support, wrong-source and abstention rates, where
 the gold really sat, the Latin square's balance, and the placement effects adjusted for a conflicting
-neighbour (a bootstrap over cases)."""
+neighbour (cluster-robust t intervals over cases)."""
 from __future__ import annotations
 
 import numpy as np
@@ -72,15 +72,15 @@ def case_table(df, length: int = 1, value: str = "correct") -> stats.PairedTable
                              dropped=len(wide) - len(full))
 
 
-def placement_effects(rows, n_boot: int = 2000, seed: int = 0, value: str = "correct") -> dict | None:
+def placement_effects(rows, value: str = "correct") -> dict | None:
     """A measure by placement adjusted for a conflicting neighbour: a linear model of `value` (correctness by
     default: a linear probability model; or the gold's margin or log-likelihood) on one indicator per
     placement plus "a conflicting document is next to the gold", fitted to every scored prompt with the
-    gold, with a bootstrap over cases (each case's prompts resampled together).
+    gold, with cluster-robust t intervals over cases (a case's prompts are one cluster; `stats.cluster_contrast`).
 
     Returns the middle penalty (mean of the edge placements' coefficients minus the middle's), the
     neighbour's effect (None when it never varies or cannot be told apart from placement) and the adjusted
-    edge and middle accuracies; None when fewer than 2 cases or 3 placements are there."""
+    edge and middle values; None when fewer than 2 cases or 3 placements are there."""
     placements = sorted(int(p) for p in rows["placement"].dropna().unique())
     cases = sorted(rows["case_id"].unique())
     if len(placements) < 3 or len(cases) < 2:
@@ -101,21 +101,13 @@ def placement_effects(rows, n_boot: int = 2000, seed: int = 0, value: str = "cor
     else:
         note = "no conflicting documents to adjust for" if not adjacent.any() else "every prompt has a conflicting neighbour"
     y = rows[value].astype(float).to_numpy()
-    edges, middle = stats.edges_and_middle(placements)
-    e = [placements.index(p) for p in edges]
-    mid = [placements.index(p) for p in middle]
-
-    def fit(idx):
-        if np.linalg.matrix_rank(X[idx]) < X.shape[1]:
-            return None  # a draw without some placement or without variation in the neighbour: skipped
-        beta = np.linalg.lstsq(X[idx], y[idx], rcond=None)[0]
-        return beta[e].mean() - beta[mid].mean(), beta[-1] if with_adj else np.nan
-
+    clusters = rows["case_id"].to_numpy()
+    penalty = np.zeros(X.shape[1])
+    penalty[:len(placements)] = stats.penalty_weights(placements, placements)
     beta = np.linalg.lstsq(X, y, rcond=None)[0]
-    point = fit(np.arange(len(y)))
-    draws = stats.cluster_bootstrap(rows["case_id"].to_numpy(), fit, n_boot, seed)
-    if len(draws) < n_boot // 2:
-        return None
-    return {"penalty": stats.estimate_from_draws(point[0], draws[:, 0], len(complete)),
-            "adjacent": stats.estimate_from_draws(point[1], draws[:, 1], len(complete)) if with_adj else None,
-            "note": note, "edges": float(beta[e].mean()), "middle": float(beta[mid].mean())}
+    edges, middle = stats.edges_and_middle(placements)
+    neighbour = np.eye(X.shape[1])[-1]
+    return {"penalty": stats.cluster_contrast(X, y, clusters, penalty),
+            "adjacent": stats.cluster_contrast(X, y, clusters, neighbour) if with_adj else None,
+            "note": note, "edges": float(np.mean([beta[placements.index(p)] for p in edges])),
+            "middle": float(np.mean([beta[placements.index(p)] for p in middle]))}

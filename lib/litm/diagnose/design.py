@@ -116,7 +116,6 @@ class DiagnoseConfig:
     limit: int | None = None  # the first `limit` cases
     batch_size: int = 4
     results_dir: str = "results/diagnose"
-    n_boot: int = 2000
     progress: bool = True
 
     def __post_init__(self):

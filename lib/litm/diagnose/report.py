@@ -10,7 +10,7 @@ from .verdict import Diagnosis, _pct
 
 
 def penalty_lines(d: Diagnosis) -> list[str]:
-    """The middle penalty of each measure (edges minus middle, adjusted for a conflicting neighbour, bootstrap
+    """The middle penalty of each measure (edges minus middle, adjusted for a conflicting neighbour, t interval
     over cases), the primary one first."""
     lines = []
     for name, e in d.penalties.items():
@@ -19,7 +19,7 @@ def penalty_lines(d: Diagnosis) -> list[str]:
                 f"{m.format(e.value, True)} {m.unit}, 95% CI [{m.format(e.low, True)}, {m.format(e.high, True)}], "
                 f"n = {e.n} cases, p = {e.p_value:.3g}")
         lines.append(f"{'Primary: ' if name == d.primary else ''}middle penalty, {m.label} (edges minus middle, "
-                     f"adjusted for a conflicting neighbour, bootstrap over cases): {text}")
+                     f"adjusted for a conflicting neighbour, t interval over cases): {text}")
     return lines
 
 

@@ -47,7 +47,7 @@ def _ci(e: stats.Estimate) -> str:
     return f"{100 * e.value:+.1f} points [{100 * e.low:+.1f}, {100 * e.high:+.1f}], p = {e.p_value:.3g}"
 
 
-def diagnose(df, n_boot: int = 2000, seed: int = 0, primary: str = "accuracy") -> Diagnosis:
+def diagnose(df, primary: str = "accuracy") -> Diagnosis:
     """Measures, the middle penalty of every measure the records hold (`primary` first; the rules read
     accuracy's) and the verdict rules for one model's records."""
     m = measures(df)
@@ -66,7 +66,7 @@ def diagnose(df, n_boot: int = 2000, seed: int = 0, primary: str = "accuracy") -
         "raise the context budget, compress or drop low-ranked documents before packing, or put the best-ranked "
         "documents first so truncation cuts the weakest ones."))
 
-    eff = placement_effects(ok_base, n_boot, seed)
+    eff = placement_effects(ok_base)
     penalty = eff["penalty"] if eff else None
     position_fired = None
     if eff is None:
@@ -79,7 +79,7 @@ def diagnose(df, n_boot: int = 2000, seed: int = 0, primary: str = "accuracy") -
     rules.append(Rule(
         "position sensitivity", position_fired,
         f"the edges are at least {_pct(EDGE_MIN)} accurate and the middle penalty (edges minus middle, paired "
-        "bootstrap over cases, adjusted for a conflicting neighbour) has a 95% interval above 0",
+        "over cases, adjusted for a conflicting neighbour) has a 95% t interval above 0",
         evidence,
         "put the best evidence first or last (reorder, e.g. u_shape / langchain in notebook 04), repeat the question "
         "after the documents, or cut the number of documents."))
@@ -115,7 +115,7 @@ def diagnose(df, n_boot: int = 2000, seed: int = 0, primary: str = "accuracy") -
     rules.append(Rule(
         "interference from a conflicting document", fired,
         f"at least {_pct(APART_MIN)} accurate with no conflicting document next to the gold, significantly less "
-        "accurate with one next to it at the same placement (bootstrap over cases)",
+        "accurate with one next to it at the same placement (t interval over cases)",
         evidence,
         "remove superseded versions at indexing time, filter by metadata (region, role, date) before retrieval, "
         "or tell the model how to resolve conflicts (newest version wins) in the instruction."))
@@ -130,7 +130,7 @@ def diagnose(df, n_boot: int = 2000, seed: int = 0, primary: str = "accuracy") -
         evidence = "not testable: fewer than 2 cases scored at both lengths"
         if len(wide) >= 2:
             tl = stats.PairedTable(tuple(wide.index), (1, long), wide.to_numpy().astype(float))
-            diff = stats.difference(tl, 1, long, n_boot=n_boot, seed=seed)
+            diff = stats.difference(tl, 1, long)
             base_acc = float(tl.column(1).mean())
             fired = diff.low > 0 and base_acc >= LENGTH_BASE_MIN and not position_fired
             evidence = (f"accuracy {_pct(base_acc)} at the cases' own length, {_pct(float(tl.column(long).mean()))} "
@@ -138,19 +138,19 @@ def diagnose(df, n_boot: int = 2000, seed: int = 0, primary: str = "accuracy") -
     rules.append(Rule(
         "length, not position", fired,
         f"at least {_pct(LENGTH_BASE_MIN)} accurate at the cases' own length, significantly less accurate at the "
-        "longest (paired bootstrap over cases), and no position sensitivity at the own length",
+        "longest (paired t interval over cases), and no position sensitivity at the own length",
         evidence,
         "send fewer or shorter documents (compression, notebook 05), or use a model trained for longer contexts."))
     first = stats.primary_measure(ok_base, primary)
-    penalties = {x.name: (eff if x.name == "accuracy" else placement_effects(ok_base, n_boot, seed, x.column))
+    penalties = {x.name: (eff if x.name == "accuracy" else placement_effects(ok_base, x.column))
                  for x in [first] + [x for x in stats.measures_in(ok_base) if x != first]}
     return Diagnosis(str(df["model"].iloc[0]) if "model" in df and len(df) else "", df, m, penalty, rules,
                      first.name, {k: v["penalty"] if v else None for k, v in penalties.items()})
 
 
-def compare_models(a: Diagnosis, b: Diagnosis, n_boot: int = 2000, seed: int = 0):
+def compare_models(a: Diagnosis, b: Diagnosis):
     """Do two models differ in their position profile on the same cases?  (`report.compare_tables` on
     each case's accuracy by placement.)"""
-    return compare_tables(case_table(a.records), case_table(b.records), a.model, b.model, n_boot=n_boot, seed=seed,
+    return compare_tables(case_table(a.records), case_table(b.records), a.model, b.model,
                           unit="points", what="cases", where="placements")
 
