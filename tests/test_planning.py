@@ -62,3 +62,37 @@ def test_differences_pair_a_condition_with_the_baseline_question_by_question():
     assert list(planning.differences(df, "new", "base", "margin")) == [1, 2, 3, 4]
     with pytest.raises(StatsError, match="no records under"):
         planning.differences(df, "other", "base", "margin")
+
+
+def test_the_plan_takes_the_smaller_of_the_pilots_effect_and_the_smallest_effect_of_interest():
+    x = np.array([2.0, 0.5, 1.5, 3.0, -0.5, 1.0, 2.5, 0.0, 1.5, 2.0, 1.0, 0.5])  # mean 1.25
+    fn = lambda d: planning.middle_penalties(d, "margin")
+    upper = x.std(ddof=1) * math.sqrt(11 / chi2.ppf(0.2, 11))
+    capped = planning.plan(pilot_records(x), fn, "margin", most=10_000, smallest=0.5)
+    assert capped.planned == 0.5 and abs(capped.needed - solve(0.5, upper)) <= 1
+    assert "smallest effect of interest is 0.50 nats" in capped.text and "planned for the smaller" in capped.text
+    small = planning.plan(pilot_records(x / 10), fn, "margin", most=10_000, smallest=0.5)  # the pilot's 0.125 wins
+    assert small.planned == pytest.approx(0.125) and abs(small.needed - solve(0.125, upper / 10)) <= 1
+    with pytest.raises(StatsError, match="above 0"):
+        planning.plan(pilot_records(x), fn, "margin", most=10, smallest=0.0)
+
+
+def test_the_time_per_question_counts_every_condition_of_the_study():
+    x = np.array([1.0, 0.5, 1.5, 2.0])
+    p = planning.plan(pilot_records(x, seconds=2.0), lambda d: planning.middle_penalties(d, "margin"), "margin",
+                      most=8, records_per_question=18, held_out="generated with seed 1")
+    assert p.seconds_per_question == pytest.approx(36.0)  # 2 s a record, 18 records a study question
+    assert "(generated with seed 1)" in p.text
+
+
+@pytest.mark.parametrize("values, says", [
+    ([1.0, 1.2, 0.8, 1.1, 0.9, 1.0], "the interval excludes 0"),
+    ([0.02, -0.03, 0.01, 0.0, -0.01, 0.02, 0.01, -0.02], "no effect as large as +-0.50 nats"),
+    ([2.0, -1.5, 0.5, -2.5, 1.0], "cannot tell an effect of that size from none"),
+])
+def test_the_conclusion_reads_the_interval_against_the_smallest_effect(values, says):
+    from scipy import stats as st
+
+    text = planning.conclusion(values, "margin", 0.5, "the change")
+    low, high = st.ttest_1samp(values, 0).confidence_interval(0.95)
+    assert says in text and f"[{low:+.2f}, {high:+.2f}]" in text and f"n = {len(values)}" in text

@@ -1,10 +1,14 @@
-"""Sizing a study by power: a pilot on other questions gives the primary measure's effect and its spread over
-questions, `stats.questions_needed` turns them into the questions a paired t-test needs for 80% power at
-alpha = 0.05, and the study runs that many, within what the budget buys (and says so when it cannot).
+"""Sizing a study by power: a pilot on questions the study never sees gives the primary measure's effect and
+its spread over questions, `stats.questions_needed` turns them into the questions a paired t-test needs for 80%
+power at alpha = 0.05, and the study runs that many, within what the budget buys (and says so when it cannot).
 
-A small pilot's standard deviation is itself uncertain, and planning on it gives the planned power only about
-half the time; so the plan uses its one-sided 80% upper confidence limit (Browne, 1995, Statistics in Medicine
-14:1933), which a pilot of 12 questions turns into about 1.6 times the questions."""
+The effect planned for is the smaller of the pilot's and a stated smallest effect of interest: a 3-10 question
+pilot's mean can be almost anything, and planning on a large one would size a study too small to see the
+effects that matter.  A small pilot's standard deviation is itself uncertain, and planning on it gives the
+planned power only about half the time; so the plan uses its one-sided 80% upper confidence limit (Browne,
+1995, Statistics in Medicine 14:1933), which a pilot of 12 questions turns into about 1.6 times the questions.
+After the study, `conclusion` reads its interval against the same smallest effect: an effect, no effect as
+large as it (an equivalence test), or too few questions to tell."""
 from __future__ import annotations
 
 import math
@@ -27,24 +31,30 @@ class Plan:
     effect: float  # the pilot's mean per-question effect
     sd: float  # its standard deviation over questions
     sd_planned: float  # the upper confidence limit of that standard deviation, which the size is planned on
-    needed: int | None  # questions for the power asked (None: the pilot shows no effect to plan for)
+    smallest: float | None  # the smallest effect of interest (the measure's units), stated before the pilot
+    planned: float  # the effect the size is planned for: the smaller of |effect| and `smallest`
+    needed: int | None  # questions for the power asked (None: nothing to plan for)
     limit: int  # what the study runs: `needed`, at least `least`, at most `most` (which wins)
-    seconds_per_question: float  # scoring time per question in the pilot (from its records)
+    seconds_per_question: float  # a study question's scoring time, every condition of the study counted
+    held_out: str = "other questions"  # where the pilot's questions come from, in words
     alpha: float = 0.05
     power: float = 0.8
 
     @property
     def text(self) -> str:
         m = self.measure
-        head = (f"Pilot: {self.pilot_n} questions (not the study's), {self.what} on the {m.label}: "
+        head = (f"Pilot: {self.pilot_n} questions ({self.held_out}), {self.what} on the {m.label}: "
                 f"{m.format(self.effect, True)} {m.unit}, SD over questions {m.format(self.sd)} {m.unit} "
                 f"(planned on its 80% upper limit, {m.format(self.sd_planned)}).")
+        if self.smallest is not None:
+            head += (f" The smallest effect of interest is {m.format(self.smallest)} {m.unit}; the study is planned "
+                     f"for the smaller of it and the pilot's, {m.format(self.planned)} {m.unit}.")
         cost = lambda n: f"about {n * self.seconds_per_question / 60:.0f} min of scoring on this machine"
         if self.needed is None:
             return (head + f" No effect to plan for; the study runs {self.limit} questions ({cost(self.limit)}) and "
                     "reports what comes out.")
-        text = (head + f" A paired t-test needs {self.needed} questions for {self.power:.0%} power at alpha = "
-                f"{self.alpha} against that effect")
+        text = (head + f" A paired t-test needs {self.needed:,} questions for {self.power:.0%} power at alpha = "
+                f"{self.alpha}")
         if self.needed > self.limit:
             return (text + f" ({cost(self.needed)}); the budget buys {self.limit}, so this study is "
                     f"underpowered for it: run LIMIT = {self.needed} for the planned power.")
@@ -74,23 +84,52 @@ def differences(df, condition, baseline, m: str | stats.Measure, column: str = "
 
 
 def plan(pilot, effect: Callable[[object], np.ndarray], m: str | stats.Measure, most: int, least: int = 10,
-         what: str = "middle penalty", alpha: float = 0.05, power: float = 0.8, sd_level: float = 0.8) -> Plan:
+         smallest: float | None = None, what: str = "middle penalty", held_out: str = "other questions",
+         records_per_question: float | None = None, alpha: float = 0.05, power: float = 0.8,
+         sd_level: float = 0.8) -> Plan:
     """The size of a study from its pilot's records: `effect(pilot)` gives one value per pilot question (its
     middle penalty, or its difference from the baseline, on the primary measure `m`); the study runs the
-    questions a two-sided paired t-test needs for `power` at `alpha` against the pilot's mean effect, with the
-    spread at the one-sided `sd_level` upper confidence limit of the pilot's (module docstring), at least
-    `least` (intervals need a few questions) and at most `most` (what the time budget buys)."""
+    questions a two-sided paired t-test needs for `power` at `alpha` against the smaller of the pilot's mean
+    effect and `smallest` (the smallest effect of interest, stated before the pilot; None plans on the pilot's
+    alone), with the spread at the one-sided `sd_level` upper confidence limit of the pilot's (module
+    docstring), at least `least` and at most `most` (what the time budget buys).  `held_out` says in words
+    where the pilot's questions come from.  The time per question counts `records_per_question` records (every
+    condition of the study; default: as many as the pilot scored per question)."""
     from scipy.stats import chi2
 
     m = stats.measure(m)
     x = np.asarray(effect(pilot), dtype=float)
     if x.size < 3:
         raise StatsError(f"a pilot of {x.size} questions cannot estimate a spread; run at least 3.")
+    if smallest is not None and not smallest > 0:
+        raise StatsError(f"the smallest effect of interest must be above 0, not {smallest}.")
     mean, sd = float(x.mean()), float(x.std(ddof=1))
     upper = sd * math.sqrt((x.size - 1) / chi2.ppf(1 - sd_level, x.size - 1))
-    needed = stats.questions_needed(mean, upper, alpha, power) if mean != 0 and sd > 0 else None
+    planned = abs(mean) if smallest is None else min(abs(mean), smallest)
+    needed = stats.questions_needed(planned, upper, alpha, power) if planned > 0 and sd > 0 else None
     ok = pilot[pilot["status"] == "ok"] if "status" in pilot else pilot
     spent = [c for c in ("latency_s", "seconds") if c in ok]  # scoring, and compression where there is any
-    seconds = float(ok[spent].fillna(0).to_numpy().sum()) / x.size if spent else math.nan
+    per_record = float(ok[spent].fillna(0).to_numpy().sum()) / len(ok) if spent and len(ok) else math.nan
+    per_question = per_record * (records_per_question if records_per_question is not None else len(ok) / x.size)
     limit = most if needed is None else min(most, max(least, needed))
-    return Plan(m, what, int(x.size), mean, sd, upper, needed, limit, seconds, alpha, power)
+    return Plan(m, what, int(x.size), mean, sd, upper, smallest, planned, needed, limit, per_question, held_out,
+                alpha, power)
+
+
+def conclusion(values, m: str | stats.Measure, smallest: float, what: str = "the effect") -> str:
+    """What a study's per-question effects say, read against the smallest effect of interest: an effect (the
+    t interval excludes 0), no effect as large as `smallest` (two one-sided t-tests, TOST: the 90% interval lies
+    within +-smallest), or too few questions to tell (neither)."""
+    m = stats.measure(m)
+    est = stats.t_estimate(values)
+    ci = (f"{m.format(est.value, True)} {m.unit}, 95% CI [{m.format(est.low, True)}, {m.format(est.high, True)}], "
+          f"n = {est.n}")
+    if est.low > 0 or est.high < 0:
+        return f"{what.capitalize()} is {ci}: the interval excludes 0 (t-test p = {est.p_value:.2g})."
+    tost = stats.equivalence(values, smallest)
+    if tost.p_value < 0.05:
+        return (f"{what.capitalize()} is {ci}: no effect as large as +-{m.format(smallest)} {m.unit} (equivalence "
+                f"test, TOST p = {tost.p_value:.2g}).")
+    return (f"{what.capitalize()} is {ci}: the interval includes 0 and reaches past +-{m.format(smallest)} "
+            f"{m.unit} (TOST p = {tost.p_value:.2g}), so this study cannot tell an effect of that size from none; "
+            "it needs more questions (see the plan).")
