@@ -22,7 +22,8 @@ other keys are untouched.  The bias is in nats, measured by rotating held-out do
 (`attention_study.position_bias`), so at strength 1 it removes an additive per-position logit term exactly.
 There is no temperature: the paper's softmax((attention per token - bias) / T) shares one T across layers
 whose attention per token differs several-fold, and its bias came from a content-free document whose
-length, not its position, set its attention; in log space each head's own logit scale is its temperature.
+attention per token follows its length as much as its position; in log space each head's own logit scale is
+its temperature.
 Those rows' outputs are recomputed from the rescaled weights; every other row keeps the SDPA kernel's.  The
 documents' token spans come from the prompts the runner scores (`scoring`), so calibration runs through
 `litm.runner`.
