@@ -66,8 +66,8 @@ def _measure(method: str, model: str, length: int, device: str | None) -> dict:
     text = lm.text_config
     layers = default_layers(lm)
     iv = {"plain": None,
-          "calibration": Calibration(tuple((0.0,) * n for _ in layers), layers, 1e-3, 1.0, weights_fingerprint(lm),
-                                     tuple(sorted(prompt_layout(prompt).items()))),
+          "calibration": Calibration(tuple(((0.0,) * n,) for _ in layers), layers, model=weights_fingerprint(lm),
+                                     layout=tuple(sorted(prompt_layout(prompt).items()))),
           "rescaling": PositionalRescaling(spaced_ratios(range(text.num_key_value_heads)), layers)}[method]
     cuda = lm.device.type == "cuda"
     with intervene(lm, iv):

@@ -41,19 +41,66 @@ def test_document_attention_matches_eager_and_the_sweeps_prompts(tiny_model_dir,
         np.testing.assert_allclose(per_token, ref / tokens, atol=1e-4)
 
 
-def test_position_bias_is_the_dummys_attention_among_the_distractors(tiny_model_dir, tiny_lm):
+def test_position_bias_rotates_every_document_through_every_position(tiny_model_dir, tiny_lm):
     bias = A.position_bias(tiny_lm, CFG, progress=False)
-    assert sorted(bias["doc_position"].unique()) == [0, 1, 2, 3]
-    example = load_examples(CFG)[1]
-    k = 2
-    docs = [d for d in example.documents if not d.is_gold]
-    docs.insert(k, A.dummy_document("qa"))
-    prompt = render(replace(example, documents=tuple(docs)), tiny_lm.tokenizer, Variant())
-    assert prompt.manifest.doc_ids[k] == "dummy" and prompt.manifest.gold_index is None
-    ref = doc_mass_by_eager(str(tiny_model_dir), prompt)[:, k]
-    got = bias[(bias["example_id"] == example.id) & (bias["doc_position"] == k)].sort_values("layer")
-    np.testing.assert_allclose(got["mass"], ref, atol=1e-4)
-    assert set(got["prompt_sha256"]) == {prompt.manifest.sha256}
+    examples = load_examples(CFG)
+    layers, heads = tiny_lm.model.config.num_hidden_layers, tiny_lm.model.config.num_attention_heads
+    assert len(bias) == 2 * 4 * 4 * layers * heads  # examples x rotations x positions x layers x heads
+    for eid, g in bias.groupby("example_id"):  # a Latin square: each document once at each position
+        square = g[(g["layer"] == 0) & (g["head"] == 0)].pivot(index="rotation", columns="doc_position",
+                                                                values="doc_id")
+        assert all(len(set(square[c])) == 4 for c in square) and all(len(set(r)) == 4 for r in square.to_numpy())
+    example, r = examples[1], 3
+    docs = example.documents[r:] + example.documents[:r]
+    prompt = render(replace(example, documents=docs), tiny_lm.tokenizer, Variant())
+    got = bias[(bias["example_id"] == example.id) & (bias["rotation"] == r)]
+    assert got["doc_id"].iloc[:4].tolist() == [d.id for d in docs] and set(got["prompt_sha256"]) == {
+        prompt.manifest.sha256}
+    _, keys = eager_reference(str(tiny_model_dir), prompt, [prompt.manifest.num_tokens - 1])  # [layer, head, key]
+    ref = np.stack([keys[:, :, s:e].sum(-1) for s, e in prompt.manifest.doc_spans], -1)  # [layer, head, doc]
+    np.testing.assert_allclose(got.sort_values(["layer", "head", "doc_position"])["mass"].to_numpy().reshape(
+        ref.shape), ref, atol=1e-4)
+    keys = ["rotation", "layer", "doc_position"]
+    averaged = A.position_bias(tiny_lm, CFG, examples[:1], by_head=False, progress=False).set_index(keys)["mass"]
+    per_head = bias[bias["example_id"] == examples[0].id].groupby(keys)["mass"].mean()
+    np.testing.assert_allclose(averaged.sort_index(), per_head, atol=1e-6)
+    info = bias.attrs["litm"]
+    tokens = [e - s for ex in examples for k in range(4) for s, e in render(
+        replace(ex, documents=ex.documents[k:] + ex.documents[:k]), tiny_lm.tokenizer, Variant()).manifest.doc_spans]
+    assert info["estimator"] == "rotation" and info["rotations"] == 4 and info["queries"] == "last"
+    assert info["examples"] == [e.id for e in examples]
+    assert info["layout"] == {"template": "ours:qa", "chat": False, "questions": 1, "documents": 4,
+                              "doc_format": "paper"}
+    assert info["doc_tokens"] == {"mean": pytest.approx(np.mean(tokens)), "min": min(tokens), "max": max(tokens)}
+
+
+def _rotation_table(log_mass):
+    """A position_bias-shaped table from log_mass[example, rotation, layer, head, slot] (one head: no column)."""
+    rows = []
+    for (e, r, layer, h, k), v in np.ndenumerate(log_mass):
+        rows.append({"example_id": f"e{e}", "rotation": r, "layer": layer, "doc_position": k, "mass": np.exp(v),
+                     **({"head": h} if log_mass.shape[3] > 1 else {})})
+    return pd.DataFrame(rows)
+
+
+def test_slot_bias_cancels_content_and_normalisers_over_a_rotation():
+    """log mass = b[slot] + content[doc] - log Z[rotation]: averaging over a full rotation leaves b, centred."""
+    rng = np.random.default_rng(0)
+    n, b = 5, np.array([[0.8, -0.2, -0.5, -0.4, 0.3], [0.0, 1.0, 2.0, 3.0, 4.0]])  # [head, slot]
+    content = rng.normal(0, 2, size=(2, n))  # two examples' documents
+    log_mass = np.zeros((2, n, 1, 2, n))
+    for e in range(2):
+        for r in range(n):
+            logit = b + content[e][(np.arange(n) + r) % n]  # slot k holds document (k + r) mod n
+            log_mass[e, r, 0] = logit - np.log(np.exp(logit).sum(-1, keepdims=True) + rng.uniform(1, 50))
+    got = A.slot_bias(_rotation_table(log_mass))
+    np.testing.assert_allclose(got[0], b - b.mean(-1, keepdims=True), atol=1e-12)
+    averaged = np.log(np.exp(log_mass).mean(axis=3))  # heads averaged before the log
+    expected = averaged.mean(axis=(0, 1))[0]
+    np.testing.assert_allclose(A.slot_bias(_rotation_table(log_mass), by_head=False)[0, 0],
+                               expected - expected.mean(), atol=1e-12)
+    with pytest.raises(ConfigError, match="by_head=True"):
+        A.slot_bias(_rotation_table(log_mass[:, :, :, :1]))
 
 
 def _table(values, gold):
@@ -90,32 +137,39 @@ def test_troughs_average_each_example_once_with_t_intervals():
     assert with_gold[with_gold["doc_position"] == 0]["mean"].iloc[0] == pytest.approx(((9 + 9 + 5 + 1) / 4 + (9 + 9 + 4 + 6) / 4) / 2)
 
 
+def _bias(values):
+    """A one-example, one-rotation, one-head bias table (`values[layer, position]` its masses)."""
+    values = np.atleast_2d(values)
+    return _rotation_table(np.log(values)[None, None, :, None, :])
+
+
 def test_calibration_removes_the_positional_bias_from_the_ranking():
-    # the first document always gets +5 for its position; the gold (in the middle) has more content
+    # the first document always gets e times the attention for its position; the gold (in the middle) has more
+    # content
     values = {("a", 1): [[6, 3, 1]], ("b", 1): [[5.5, 2, 1]], ("c", 0): [[7, 1, 1]]}
     gold = {("a", 1): 1, ("b", 1): 1, ("c", 0): 0}
     table = _table(values, gold)
-    bias = pd.DataFrame({"example_id": "cal", "doc_position": [0, 1, 2], "layer": 0,
-                         "mass": [5.0, 0.0, 0.0], "per_token": [0.5, 0.0, 0.0]})
+    bias = _bias([np.e, 1.0, 1.0])  # slot_bias: [2/3, -1/3, -1/3]
     scores = A.relevance_scores(table, bias, value="mass")
     a = scores[scores["example_id"] == "a"].set_index("doc_position")
-    assert a["calibrated"].tolist() == [1.0, 3.0, 1.0]
+    np.testing.assert_allclose(a["calibrated"], np.log([6, 3, 1]) - np.array([2, -1, -1]) / 3)
+    np.testing.assert_allclose(a["bias"], np.array([2, -1, -1]) / 3)
     r = A.recall_by_position(scores, ks=(1, 2)).set_index(["method", "position", "k"])
-    assert r.loc[("vanilla", 1, 1), "recall"] == 0.0 and r.loc[("calibrated", 1, 1), "recall"] == 1.0
+    assert r.loc[("vanilla", 1, 1), "recall"] == 0.0
+    assert r.loc[("calibrated", 1, 1), "recall"] == 0.5  # a: 3e > 6, b: 2e < 5.5
     assert r.loc[("vanilla", 1, 2), "recall"] == 1.0
-    assert r.loc[("calibrated", 0, 1), "recall"] == 1.0  # c: 7 - 5 = 2 still beats 1 and 1
+    assert r.loc[("calibrated", 0, 1), "recall"] == 1.0  # c: 7 / e still beats 1 and 1
     assert r.loc[("vanilla", 0, 1), "n"] == 1
     lo, hi = r.loc[("calibrated", 1, 1), ["ci_low", "ci_high"]]
-    assert (lo, hi) == pytest.approx((0.3423802275066531, 1.0))  # Wilson 2/2
+    assert (lo, hi) == pytest.approx((0.09453120573833562, 0.9054687942616644))  # Wilson 1/2
 
 
 def test_bad_layers_and_missing_bias_positions_are_clear_errors():
     table = _table({("a", 0): [[1, 2]]}, {("a", 0): 0})
     with pytest.raises(ConfigError, match="layers"):
         A.troughs(table, layers=[5])
-    bias = pd.DataFrame({"example_id": "cal", "doc_position": [0], "layer": 0, "mass": [1.0], "per_token": [0.1]})
     with pytest.raises(ConfigError, match="positions \\[1\\]"):
-        A.relevance_scores(table, bias)
+        A.relevance_scores(table, _bias([1.0]))
     with pytest.raises(ConfigError, match="at least one"):
         A.document_attention(None, CFG, examples=[])
 
@@ -208,8 +262,7 @@ def test_attention_figures_draw_from_tables(tmp_path):
 
     values = {(e, p): [[3, 1, 2], [2, 1, 3]] for e in "abc" for p in (0, 2)}
     table = _table(values, {k: k[1] for k in values})
-    scores = A.relevance_scores(table, pd.DataFrame({"example_id": "x", "doc_position": [0, 1, 2], "layer": 0,
-                                                     "mass": 0.0, "per_token": [0.1, 0.0, 0.0]}))
+    scores = A.relevance_scores(table, _bias([[2.0, 1.0, 1.0], [1.0, 1.0, 2.0]]))
     joined = scores[scores["is_gold"]].rename(columns={"vanilla": "gold_attention"}).assign(correct=[1, 0, 1, 1, 0, 0])
     sink = pd.DataFrame({"num_tokens": np.repeat([100, 200], 4), "layer": np.tile([0, 0, 1, 1], 2),
                          "head": np.tile([0, 1], 4), "first": [0.9, 0.1, 0.6, 0.2, 0.8, 0.1, 0.4, 0.7],
@@ -223,14 +276,13 @@ def test_attention_figures_draw_from_tables(tmp_path):
         assert png.stat().st_size > 1000
 
 
-def test_attention_scores_are_per_token_attention_minus_the_bias(tiny_model_dir, tiny_lm):
+def test_attention_scores_are_log_attention_minus_the_bias(tiny_model_dir, tiny_lm):
     example = load_examples(CFG)[0]
     prompt = render(example, tiny_lm.tokenizer, Variant())
     q0, q1 = prompt.manifest.question_spans[-1]
     _, keys = eager_reference(str(tiny_model_dir), prompt, list(range(q0, q1)))  # [layer, head, key]
     per_token = np.stack([keys[:, :, s:e].sum(-1).mean(1) / (e - s) for s, e in prompt.manifest.doc_spans], -1)
     np.testing.assert_allclose(A.attention_scores(tiny_lm, example), per_token.mean(0), atol=1e-5)
-    bias = pd.DataFrame({"example_id": "cal", "doc_position": np.repeat(np.arange(4), 2), "layer": np.tile([0, 1], 4),
-                         "mass": 0.0, "per_token": np.arange(8) / 100})
+    bias = _bias([[1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 4.0, 8.0]])  # layer 1: log 2 apart, centred at 1.5 log 2
     got = A.attention_scores(tiny_lm, example, bias, layers=[1])
-    np.testing.assert_allclose(got, per_token[1] - np.array([1, 3, 5, 7]) / 100, atol=1e-5)
+    np.testing.assert_allclose(got, np.log(per_token[1]) - (np.arange(4) - 1.5) * np.log(2), atol=1e-5)

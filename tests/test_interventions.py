@@ -2,7 +2,10 @@
 plain model, one ratio on every head is the model run with positions divided by it (computed by another
 route: the model's own rotary embedding fed fractional position ids), the KV cache carries the rescaling
 into forced choice, calibration keeps each row's document mass and gives the documents the shares computed
-here from the attention profile and the bias, and the run identity keeps the records apart."""
+here from the attention profile and the bias (mass times exp(-bias)), and the run identity keeps the records
+apart."""
+import dataclasses
+import json
 import math
 
 import numpy as np
@@ -21,7 +24,7 @@ from litm.models import load_model, run_identity
 from litm.ordering import gold_at
 from litm.prompts import Variant, render
 
-from conftest import build_tiny_model
+from conftest import build_tiny_model, sharpened
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
@@ -162,7 +165,7 @@ def test_calibration_at_strength_zero_is_the_plain_model(calibrated):
     plain = (runner.loglik(lm, [prompt, prompt], [answer, cands[0]], batch_size=2),
              runner.choice(lm, [prompt], [cands], [ex.gold_index])[0].candidate_logliks,
              runner.generate(lm, [prompt], max_new_tokens=4)[0].prediction)
-    with intervene(lm, calibration(bias, full, temperature=1e-3, strength=0.0)):
+    with intervene(lm, calibration(bias, full, strength=0.0)):
         with tracing() as trace:
             neutral = (runner.loglik(lm, [prompt, prompt], [answer, cands[0]], batch_size=2),
                        runner.choice(lm, [prompt], [cands], [ex.gold_index])[0].candidate_logliks)
@@ -182,21 +185,22 @@ def test_calibration_at_strength_zero_is_the_plain_model(calibrated):
 def test_calibration_keeps_document_mass_and_gives_the_calibrated_shares(calibrated, strength):
     """In one layer (the last full-attention one: a sliding window of 24 sees no document from the last token),
     calibrated alone so its input is the plain model's, the last prompt token's document mass per head is what
-    the attention profile measures; calibration keeps its total and moves it to softmax((mass per token,
-    heads averaged, - bias) / temperature), computed here from the profile and the bias table."""
+    the attention profile measures; calibration keeps each head's total and moves it to shares proportional to
+    mass x exp(-strength x bias), the bias computed here from the table's masses (log, averaged over rotations,
+    centred over positions)."""
     lm, ex, prompt, bias = calibrated
-    layer, temperature = full_attention_layers(lm)[-1], 2e-3
+    bias = sharpened(bias)
+    layer = full_attention_layers(lm)[-1]
     n = len(prompt.input_ids)
     before = profile(lm, prompt, queries=[n - 1]).documents[layer]  # [head, doc], computed by another route
-    tokens = np.array([e - s for s, e in prompt.manifest.doc_spans])
-    b = bias[bias["layer"] == layer].groupby("doc_position")["per_token"].mean().to_numpy()
-    rel = (before / tokens).mean(0) - b
-    share = np.exp((rel - rel.max()) / temperature)
-    share /= share.sum()
-    expected = (1 - strength) * before + strength * before.sum(-1, keepdims=True) * share
+    t = bias[bias["layer"] == layer]
+    logs = t.assign(log=np.log(t["mass"])).groupby(["head", "doc_position"])["log"].mean().unstack().to_numpy()
+    b = logs - logs.mean(1, keepdims=True)
+    tilted = before * np.exp(-strength * b)
+    expected = before.sum(-1, keepdims=True) * tilted / tilted.sum(-1, keepdims=True)
     answer = ex.documents[ex.gold_index].answer
     plain = runner.loglik(lm, [prompt], [answer])[0].gold_loglik
-    with intervene(lm, calibration(bias, [layer], temperature, strength)), tracing() as trace:
+    with intervene(lm, calibration(bias, [layer], strength)), tracing() as trace:
         got = runner.loglik(lm, [prompt], [answer])[0].gold_loglik
     (at, row, mass, after), = trace
     assert at == layer and row == 0
@@ -205,6 +209,12 @@ def test_calibration_keeps_document_mass_and_gives_the_calibrated_shares(calibra
     np.testing.assert_allclose(after[:, 0].numpy(), expected, atol=1e-5, rtol=0)
     assert np.abs(after[:, 0].numpy() - before).max() > 1e-3  # the shares did move
     assert abs(got - plain) > 1e-4
+    with intervene(lm, calibration(bias, [layer], strength, by_head=False)), tracing() as trace:  # one bias for all
+        runner.loglik(lm, [prompt], [answer])
+    avg = np.log(t.groupby(["rotation", "doc_position"])["mass"].mean()).groupby("doc_position").mean().to_numpy()
+    tilted = before * np.exp(-strength * (avg - avg.mean()))
+    np.testing.assert_allclose(trace[0][3][:, 0].numpy(), before.sum(-1, keepdims=True) * tilted /
+                               tilted.sum(-1, keepdims=True), atol=1e-5, rtol=0)
 
 
 def test_calibrated_choice_is_the_same_through_the_prefix_tree(calibrated):
@@ -214,7 +224,7 @@ def test_calibrated_choice_is_the_same_through_the_prefix_tree(calibrated):
     prompts = [render(gold_at(ex, k), lm.tokenizer, Variant()) for k in (0, 2, 4)]
     cands = [[d.answer for d in gold_at(ex, k).documents] for k in (0, 2, 4)]
     gold = [c.index(ex.gold.answer) for c in cands]
-    with intervene(lm, calibration(bias, full_attention_layers(lm), 2e-3)):
+    with intervene(lm, calibration(bias, full_attention_layers(lm))):
         plain = runner.choice(lm, prompts, cands, gold, batch_size=3)
         tree, stats = runner.shared_choice(lm, prompts, cands, gold)
         assert stats.prefill_tokens < stats.total_tokens
@@ -235,41 +245,57 @@ def test_calibration_runs_in_a_sweep_under_its_own_identity(tmp_path):
     lm = load_model(str(build_tiny_model(tmp_path / "m")), device="cpu", dtype="float32", reuse=False)
     cfg = SweepConfig(task="qa", num_docs=4, positions=(0, 3), limit=2, sentences_per_doc=2, closedbook=False,
                       oracle=False, results_dir=str(tmp_path / "res"), progress=False)
-    bias = position_bias(lm, cfg, generate_fictional_qa(2, 4, seed=50, sentences_per_doc=2), progress=False)
+    held = generate_fictional_qa(2, 4, seed=50, sentences_per_doc=2)
+    bias = sharpened(position_bias(lm, cfg, held, progress=False))
     plain = sweep(cfg, lm)
-    cal = calibration(bias, [1], temperature=1e-3)
+    cal = calibration(bias, [1])
     with intervene(lm, cal):
         assert run_identity(lm)["intervention"] == cal.identity()
         got = sweep(cfg, lm)
     assert set(plain["config_hash"]).isdisjoint(got["config_hash"])
     assert not np.allclose(plain["gold_loglik"], got["gold_loglik"])
-    assert calibration(bias, [1], 2e-3).identity() != cal.identity()
+    source = cal.identity()["bias_source"]
+    assert source["estimator"] == "rotation" and source["examples"] == [e.id for e in held]
+    assert source["rotations"] == 4 and set(source["doc_tokens"]) == {"mean", "min", "max"}
+    others = [calibration(bias, [1], 0.5), calibration(bias, [1], by_head=False),
+              calibration(position_bias(lm, cfg, held[:1], progress=False), [1])]
+    assert len({json.dumps(c.identity(), sort_keys=True) for c in [cal, *others]}) == 4
 
 
 def test_bad_calibrations_are_clear_errors(calibrated, tmp_path):
     lm, ex, prompt, bias = calibrated
     cands = [d.answer for d in ex.documents]
     for kw, match in ((dict(layers=[9]), r"layers \[9\] are not in the bias table"),
-                      (dict(temperature=0.0), "temperature must be above 0"),
-                      (dict(strength=1.5), r"strength must lie in \[0, 1\]")):
+                      (dict(strength=1.5), r"strength must lie in \[0, 1\]"),
+                      (dict(bias_table=bias.drop(columns="head")), "by_head=True")):
         with pytest.raises(ConfigError, match=match):
-            calibration(bias, **{"layers": [0], "temperature": 1e-3, **kw})
+            calibration(**{"bias_table": bias, "layers": [0], **kw})
     with pytest.raises(ConfigError, match="does not say which model"):
-        calibration(pd.DataFrame(bias), [0], 1e-3)
+        calibration(pd.DataFrame(bias), [0])
+    question = _bias(lm, ex)
+    question.attrs["litm"] = {**question.attrs["litm"], "queries": "question"}
+    with pytest.raises(ConfigError, match="queries='last'"):
+        calibration(question, [0])
     sliding = sorted(set(range(lm.text_config.num_hidden_layers)) - set(full_attention_layers(lm)))
-    if sliding:  # Qwen2 and Gemma 3 here: a sliding-window cache keeps only its window of keys
-        with pytest.raises(ConfigError, match="sliding window"), intervene(lm, calibration(bias, sliding, 1e-3)):
+    if sliding:  # Qwen2 and Gemma 3 here: the window reaches no document, and its cache keeps only the window
+        with pytest.raises(ConfigError, match="sliding window"):
+            calibration(bias, sliding)
+        with pytest.raises(ConfigError, match="sliding window"), intervene(lm, dataclasses.replace(
+                calibration(bias, full_attention_layers(lm)), layers=tuple(sliding[:1]))):
             pass
-    other = load_model(str(build_tiny_model(tmp_path / "other", seed=1)), device="cpu", dtype="float32", reuse=False)
-    with pytest.raises(ConfigError, match="measured on another model"), intervene(other, calibration(bias, [0], 1e-3)):
+    arch = lm.text_config.model_type.removesuffix("_text")
+    other = load_model(str(build_tiny_model(tmp_path / "other", seed=1, arch=arch)), device="cpu", dtype="float32",
+                       reuse=False)
+    with pytest.raises(ConfigError, match="measured on another model"), \
+            intervene(other, calibration(bias, full_attention_layers(lm))):
         pass
-    with intervene(lm, calibration(bias, full_attention_layers(lm)[:1], 1e-3)):
+    with intervene(lm, calibration(bias, full_attention_layers(lm)[:1])):
         fewer = render(gold_at(generate_fictional_qa(1, 4, seed=4, sentences_per_doc=2)[0], 1), lm.tokenizer, Variant())
         with pytest.raises(ConfigError, match="layout"):
             runner.choice(lm, [fewer], [cands[:2]], [0])
-        aware = render(ex, lm.tokenizer, Variant(query_aware=True))
-        with pytest.raises(ConfigError, match="layout"):
-            runner.loglik(lm, [aware], [cands[0]])
+        for variant in (Variant(query_aware=True), Variant(doc_format="xml")):
+            with pytest.raises(ConfigError, match="layout"):
+                runner.loglik(lm, [render(ex, lm.tokenizer, variant)], [cands[0]])
         with pytest.raises(ConfigError, match="through the runner"), torch.inference_mode():
             lm.model(input_ids=torch.tensor([prompt.input_ids]))
     assert lm.model.config._attn_implementation == "sdpa"
@@ -293,14 +319,15 @@ def test_per_layer_ratios_from_awareness(arch):
         pass
 
 
-def test_position_awareness_is_the_spread_of_the_bias_over_positions():
+def test_position_awareness_is_the_spread_of_the_log_bias_over_positions():
     rows = []
     for layer in range(2):
         for head in range(4):
-            for k, v in enumerate([1.0, 2.0, 3.0] if head % 2 else [2.0, 2.0, 2.0]):
-                rows.append({"layer": layer, "head": head, "doc_position": k, "per_token": v * (layer + 1)})
+            for k, v in enumerate([0.0, 1.0, 2.0] if head % 2 else [0.5, 0.5, 0.5]):
+                rows.append({"example_id": "e", "rotation": 0, "layer": layer, "head": head, "doc_position": k,
+                             "mass": np.exp(v) * 10.0 ** -(layer + 1)})  # the scale of a layer does not count
     got = position_awareness(pd.DataFrame(rows), kv_heads=2)
-    cv = np.std([1.0, 2.0, 3.0]) / 2.0  # heads 1 and 3 vary; 0 and 2 are flat; kv head j reads heads 2j, 2j+1
-    np.testing.assert_allclose(got, [[cv / 2, cv / 2], [cv / 2, cv / 2]])
+    sd = np.sqrt(2 / 3)  # log mass 0, 1, 2: centred -1, 0, 1; heads 1 and 3 vary, 0 and 2 are flat
+    np.testing.assert_allclose(got, [[sd / 2, sd / 2], [sd / 2, sd / 2]])  # kv head j reads heads 2j, 2j + 1
     with pytest.raises(ConfigError, match="by_head=True"):
         position_awareness(pd.DataFrame(rows).drop(columns="head"), kv_heads=2)

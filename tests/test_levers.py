@@ -2,6 +2,7 @@
 run identity, each lever shapes the prompt as it should, and the middle-penalty changes and costs match sums
 done by hand."""
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -12,6 +13,8 @@ from litm.errors import ConfigError, StatsError
 from litm.data import generate_fictional_qa
 from litm.prompts import Variant, render
 
+from conftest import sharpened
+
 
 @pytest.fixture(scope="module")
 def ran(tiny_lm, tmp_path_factory):
@@ -21,6 +24,7 @@ def ran(tiny_lm, tmp_path_factory):
                              budget=int(full * 0.7), bias_examples=1, progress=False,
                              results_dir=str(tmp_path_factory.mktemp("levers")))
     prepared = levers.prepare(cfg, tiny_lm)
+    prepared = replace(prepared, bias=sharpened(prepared.bias))  # so that calibration moves the scores
     return cfg, prepared, levers.run(cfg, tiny_lm, prepared)
 
 

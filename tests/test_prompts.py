@@ -416,7 +416,7 @@ def test_manifest_to_dict(tok):
     assert d["gold_index"] == 2
     assert d["gold_span"] == list(m.doc_spans[2])
     assert d["doc_spans"] == [list(s) for s in m.doc_spans]
-    assert d["num_tokens"] == m.num_tokens and d["sha256"] == m.sha256
+    assert d["num_tokens"] == m.num_tokens and d["sha256"] == m.sha256 and d["doc_format"] == "paper"
     json.dumps(d)  # serialisable
 
 
@@ -550,7 +550,7 @@ def test_xml_manifest_spans_cover_each_element(tok):
     elements = [f'<document index="{i + 1}" id="{d.id}" title="{d.title}">{d.text}</document>'
                 for i, d in enumerate(gold_at(FOUR, 2).documents)]
     _check_spans(p, tok, elements)
-    assert p.manifest.gold_index == 2
+    assert p.manifest.gold_index == 2 and p.manifest.doc_format == "xml"
 
 
 def test_strategy_variants_refuse_what_they_cannot_do(tmp_path):

@@ -31,11 +31,12 @@ def _repeat_kv(x, groups: int):
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-def _record(module, query, key, scaling, softcap, sliding_window) -> None:
+def _record(module, query, key, scaling, softcap, sliding_window, mask) -> None:
     """The chosen rows' attention mass per span (and per key), formed from `chunk` rows and `chunk` keys at a
     time, in float32: a first pass over the key blocks gives each row's log-sum-exp, a second the weights.
     Grouped-query heads read their shared key head without copying it; keys after a block's last row are
-    masked for all its rows and skipped."""
+    masked for all its rows and skipped.  The layer's own `mask` applies as SDPA applies it (a boolean mask
+    keeps, a float mask adds to the logits)."""
     import torch
 
     st = _state
@@ -56,7 +57,11 @@ def _record(module, query, key, scaling, softcap, sliding_window) -> None:
         allowed = kpos[None, :] <= r[:, None]
         if sliding_window:
             allowed &= kpos[None, :] > r[:, None] - sliding_window
-        return s.masked_fill(~allowed[None], float("-inf"))
+        s = s.masked_fill(~allowed[None], float("-inf"))
+        if mask is None:
+            return s
+        m = mask[0][:, r, at:at + s.shape[-1]]  # [1 or head, row, key]
+        return s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
 
     for start in range(0, len(rows), chunk):
         r = rows[start:start + chunk]
@@ -80,7 +85,8 @@ def _profile_attention(module, query, key, value, attention_mask, dropout=0.0, s
     softcap = kwargs.get("softcap")
     scaling = module.head_dim ** -0.5 if scaling is None else scaling
     if _state["active"]:
-        _record(module, query, key, scaling, softcap, kwargs.get("sliding_window") or getattr(module, "sliding_window", None))
+        window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+        _record(module, query, key, scaling, softcap, window, attention_mask)
     if softcap is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)

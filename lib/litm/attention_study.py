@@ -1,8 +1,8 @@
 """Attention studies over a sweep's own prompts (notebook 03): attention on every document per layer,
-troughs by position, the positional bias from a content-free document (Hsieh et al., *Found in the
-Middle*), calibrated relevance and the gold's recall, attention joined to the sweep's outcomes, sinks by
-prompt length, and attention as a retriever's scores.  Tables have one row per example, gold position,
-document and layer; layers and heads are 0-based."""
+troughs by position, the positional bias (documents rotated through the positions; after Hsieh et al.,
+*Found in the Middle*), calibrated relevance and the gold's recall, attention joined to the sweep's
+outcomes, sinks by prompt length, and attention as a retriever's scores.  Tables have one row per example,
+gold position, document and layer; layers and heads are 0-based."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,17 +15,6 @@ from .experiment import docs_for_length, load_examples, prompt_for
 from .models import LoadedModel
 from .prompts import Prompt, Variant, render
 from .stats import mean_interval, proportion_interval, wilson_interval
-from .types import Document
-
-DUMMY_TEXT = "This passage is intentionally left blank; it says nothing about any person, place or thing."
-
-
-def dummy_document(task: str = "qa") -> Document:
-    """A content-free document (QA) or key-value pair (KV) for estimating positional bias."""
-    if task == "kv":
-        zeros = "00000000-0000-0000-0000-000000000000"
-        return Document(id="dummy", title=zeros, text=zeros)
-    return Document(id="dummy", title="Untitled", text=DUMMY_TEXT)
 
 
 def _check_window(lm: LoadedModel, prompt: Prompt) -> None:
@@ -82,15 +71,22 @@ def document_attention(lm: LoadedModel, config, queries="last", examples=None, p
     return _frame(parts)
 
 
-def position_bias(lm: LoadedModel, config, examples=None, dummy: Document | None = None, queries="last",
-                  progress: bool = True, by_head: bool = False):
-    """Positional attention bias (Hsieh et al. 2024, *Found in the Middle*): for each example and each
-    position k, the example's distractors with a content-free `dummy` document inserted at k (the same
-    number of documents as the sweep), and the attention the dummy gets there.  One row per example,
-    position and layer (and head, with `by_head`) with `mass` and `per_token`.  Pass held-out examples to
-    estimate the bias once for a model and layout, instead of K extra passes per query as in the paper.
-    `attrs["litm"]` records the model's weights and the prompt layout, which `interventions.calibration`
-    checks against the model and prompts it calibrates."""
+def position_bias(lm: LoadedModel, config, examples=None, queries="last", progress: bool = True,
+                  by_head: bool = True, variant: Variant | None = None):
+    """Positional attention bias, measured by rotation (a Latin square): each example's documents are shown in
+    each cyclic rotation, so every document visits every position once, in the study's layout (`variant`,
+    default the `config`'s template, question placement and chat).  One row per example, rotation, position
+    and layer (and head, unless `by_head=False` averages them) with the `mass` the `queries` tokens give the
+    document there; `slot_bias` turns it into the bias.
+
+    Why rotation: if a head's attention logit on a document's keys is its content plus b_k for position k, the
+    document's log mass at k is b_k + content(document) - log Z, so averaging log mass at k over a full rotation
+    cancels every document's content, its length with it (each document visits k once), and each prompt's
+    normaliser, leaving b_k + a constant.  No content-free stand-in is needed (Found in the Middle's dummy
+    document: a short one gets several times a real document's attention per token, whatever its position),
+    and the bias is in the logit units of the very head it was measured in.  `attrs["litm"]` records the
+    model's weights, the prompt layout (which `interventions.calibration` checks), the estimator, queries,
+    examples, rotations and the documents' token lengths (recorded, not checked: the estimator cancels length)."""
     from tqdm.auto import tqdm
 
     from .interventions import prompt_layout, weights_fingerprint
@@ -98,41 +94,57 @@ def position_bias(lm: LoadedModel, config, examples=None, dummy: Document | None
     examples = load_examples(config) if examples is None else list(examples)
     if not examples:
         raise ConfigError("position_bias needs at least one example.")
-    variant = Variant(query_aware=config.query_aware, template=config.template, template_dir=config.data_dir,
-                      chat=config.chat)
-    parts, layouts = [], set()
-    jobs = [(e, k) for e in examples for k in range(len(e.documents))]
-    for e, k in tqdm(jobs, desc="bias", disable=not progress):
-        docs = [x for x in e.documents if not x.is_gold]
-        docs.insert(k, replace(dummy or dummy_document(e.task), is_gold=False))
-        prompt = render(replace(e, documents=tuple(docs)), lm.tokenizer, variant)
+    variant = variant or Variant(query_aware=config.query_aware, template=config.template,
+                                 template_dir=config.data_dir, chat=config.chat)
+    parts, layouts, tokens = [], set(), []
+    jobs = [(e, r) for e in examples for r in range(len(e.documents))]
+    for e, r in tqdm(jobs, desc="bias", disable=not progress):
+        prompt = render(replace(e, documents=e.documents[r:] + e.documents[:r]), lm.tokenizer, variant)
         layouts.add(tuple(sorted(prompt_layout(prompt).items())))
-        rows = _doc_rows(lm, prompt, queries, {"example_id": e.id}, None, by_head)
-        keep = rows["doc_position"] == k
-        parts.append({c: np.asarray(v)[keep] for c, v in rows.items()})
+        tokens += [end - start for start, end in prompt.manifest.doc_spans]
+        parts.append(_doc_rows(lm, prompt, queries, {"example_id": e.id, "rotation": r}, None, by_head))
     if len(layouts) > 1:
         raise ConfigError("the examples give prompts of different layouts (numbers of documents); estimate the bias "
                           "for one layout at a time.")
-    out = _frame(parts).drop(columns=["is_gold", "doc_id"])
-    out.attrs["litm"] = {"model": weights_fingerprint(lm) if lm.identity.get("weights") else None,
-                         "layout": dict(layouts.pop())}
+    layout = dict(layouts.pop())
+    out = _frame(parts).drop(columns=["is_gold"])
+    out.attrs["litm"] = {"model": weights_fingerprint(lm) if lm.identity.get("weights") else None, "layout": layout,
+                         "estimator": "rotation", "queries": queries if isinstance(queries, str) else str(queries),
+                         "examples": [e.id for e in examples], "rotations": layout["documents"],
+                         "doc_tokens": {"mean": float(np.mean(tokens)), "min": int(min(tokens)),
+                                        "max": int(max(tokens))}}
     return out
 
 
-def position_awareness(bias, kv_heads: int, value: str = "per_token") -> np.ndarray:
-    """How position-aware each key-value head is, `[layer, kv head]`: the coefficient of variation over document
-    positions of the attention a content-free document gets (a `position_bias(..., by_head=True)` table),
-    averaged over the query heads that share the key head.  A head that attends to the same blank text very
-    differently by where it sits is position-aware; Ms-PoE gives such heads the smallest ratios
-    (`interventions.ratios_from_awareness`)."""
-    if "head" not in bias:
-        raise ConfigError("position_awareness needs a per-head bias: position_bias(..., by_head=True).")
-    means = bias.groupby(["layer", "head", "doc_position"])[value].mean().unstack("doc_position")
-    cv = (means.std(axis=1, ddof=0) / means.mean(axis=1)).unstack("head").sort_index()  # [layer, head]
-    n_heads = cv.shape[1]
+def slot_bias(bias, by_head: bool = True) -> np.ndarray:
+    """The positional bias `[layer, head, position]` in nats from a `position_bias` table: the log mass at each
+    position averaged over examples and rotations, centred to mean 0 over positions; per head, or with
+    `by_head=False` from the head-averaged mass (one head).  NaN where a position got no attention (a
+    sliding window that does not reach it); the centring is over the positions that did."""
+    if by_head and "head" not in bias:
+        raise ConfigError("a per-head bias needs a table measured with position_bias(..., by_head=True).")
+    heads = ["head"] if by_head else []
+    mass = bias.groupby(["example_id", "rotation", "layer"] + heads + ["doc_position"])["mass"].mean()
+    with np.errstate(divide="ignore"):
+        logs = np.log(mass).groupby(["layer"] + heads + ["doc_position"]).mean()
+    index = [logs.index.get_level_values(k).to_numpy() for k in logs.index.names]
+    out = np.full([int(i.max()) + 1 for i in index], np.nan)
+    out[tuple(index)] = logs.to_numpy()
+    out = np.ma.masked_invalid(out if by_head else out[:, None, :])
+    return (out - out.mean(axis=-1, keepdims=True)).filled(np.nan)
+
+
+def position_awareness(bias, kv_heads: int) -> np.ndarray:
+    """How position-aware each key-value head is, `[layer, kv head]`: the standard deviation over positions of
+    the head's bias in nats (`slot_bias` of a `position_bias(..., by_head=True)` table), averaged over the
+    query heads that share the key head; 0 where no document is in reach.  Scale-free, as the coefficient of
+    variation of attention was: a head whose logits move with position is position-aware; Ms-PoE gives such
+    heads the smallest ratios (`interventions.ratios_from_awareness`)."""
+    spread = np.ma.masked_invalid(slot_bias(bias)).std(axis=-1).filled(0.0)  # [layer, head]
+    n_heads = spread.shape[1]
     if n_heads % kv_heads:
         raise ConfigError(f"{n_heads} heads do not split into {kv_heads} key-value heads.")
-    return cv.to_numpy().reshape(len(cv), kv_heads, n_heads // kv_heads).mean(axis=2)
+    return spread.reshape(len(spread), kv_heads, n_heads // kv_heads).mean(axis=2)
 
 
 def _layers(df, layers):
@@ -168,18 +180,25 @@ def troughs(doc_att, value: str = "mass", layers=None, by_layer: bool = True, in
 
 def relevance_scores(doc_att, bias=None, layers=None, value: str = "per_token"):
     """Each document's attention score in each prompt (mean of `value` over `layers`), and, with a
-    `position_bias` table, the calibrated score: that score minus the mean bias at its position."""
+    `position_bias` table, the calibrated score: log `value` minus the head-averaged bias at its position
+    (`slot_bias`, nats), averaged over `layers`."""
     chosen = _layers(doc_att, layers)
     keys = ["example_id", "position", "doc_position", "doc_id", "is_gold"]
-    s = doc_att[doc_att["layer"].isin(chosen)].groupby(keys)[value].mean().rename("vanilla").reset_index()
+    d = doc_att[doc_att["layer"].isin(chosen)]
+    s = d.groupby(keys)[value].mean().rename("vanilla").reset_index()
     if bias is not None:
-        b = bias[bias["layer"].isin(chosen)].groupby("doc_position")[value].mean()
-        missing = sorted(set(s["doc_position"]) - set(b.index))
+        b = slot_bias(bias, by_head=False)[:, 0, :]  # [layer, position]
+        layer, pos = d["layer"].to_numpy(), d["doc_position"].to_numpy()
+        known = (layer < b.shape[0]) & (pos < b.shape[1])
+        at = np.full(len(d), np.nan)
+        at[known] = b[layer[known], pos[known]]
+        missing = sorted(set(pos[~np.isfinite(at)].tolist()))
         if missing:
-            raise ConfigError(f"the bias table has no estimate for document positions {missing}; estimate it "
-                              "with the same number of documents.")
-        s["bias"] = s["doc_position"].map(b)
-        s["calibrated"] = s["vanilla"] - s["bias"]
+            raise ConfigError(f"the bias table has no estimate for document positions {missing} in layers {chosen}; "
+                              "estimate it with the same number of documents, in layers that reach every document.")
+        with np.errstate(divide="ignore"):
+            d = d.assign(bias=at, calibrated=np.log(d[value].to_numpy()) - at)
+        s = s.merge(d.groupby(keys)[["bias", "calibrated"]].mean().reset_index(), on=keys)
     return s
 
 
@@ -296,8 +315,8 @@ def attention_scores(lm: LoadedModel, example, bias=None, layers=None, queries="
                      value: str = "per_token") -> np.ndarray:
     """A retriever's scores from the model's own attention: each document of `example`, in its given order,
     scored by its head-averaged attention (`value`: per token or total mass, averaged over `layers`) from
-    the `queries` tokens, minus the bias at its position when a `position_bias` table is given (the
-    calibrated relevance of Hsieh et al.).  Aligned with `example.documents`."""
+    the `queries` tokens, or, when a `position_bias` table is given, by the calibrated relevance of Hsieh et
+    al. (`relevance_scores`: log attention minus the bias at its position).  Aligned with `example.documents`."""
     prompt = render(example, lm.tokenizer, variant or Variant())
     rows = _frame([_doc_rows(lm, prompt, queries, {"example_id": example.id, "position": -1}, None)])
     s = relevance_scores(rows, bias, layers, value).sort_values("doc_position")

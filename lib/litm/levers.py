@@ -29,7 +29,8 @@ INTERVENTIONS = ("calibration", "rescaling")
 class LeverConfig:
     """The levers study on the generated fictional QA, scored by forced choice among every document's answer.
     Calibration and rescaling act in `layers` (default: the second half of the model's full-attention layers,
-    as Found in the Middle's last 16 of 32) and take their positional bias from `bias_examples` held-out questions."""
+    as Found in the Middle's last 16 of 32) and take their positional bias from `bias_examples` held-out questions
+    (2 measure each head's bias reproducibly on the default model: `interventions.calibration`)."""
 
     model: str = DEFAULT_MODEL
     num_docs: int = 10
@@ -38,8 +39,7 @@ class LeverConfig:
     budget: int = 450  # extractive: prompt-token ceiling
     reserve: int = 32
     layers: tuple[int, ...] | None = None
-    temperature: float | None = None  # calibration; None: the bias's spread over positions (`interventions`)
-    strength: float = 1.0  # calibration: 0 the plain model, 1 the paper's
+    strength: float = 1.0  # calibration: 0 the plain model, 1 the positional logit bias removed
     ratios: tuple[float, float] = (1.2, 1.8)  # rescaling: Ms-PoE's range
     bias_examples: int = 2
     bias_seed: int = 99
@@ -86,7 +86,7 @@ class Prepared:
 
 def prepare(config: LeverConfig, lm: LoadedModel) -> Prepared:
     """The positional bias of `lm` per layer and head on `config.bias_examples` held-out questions (another
-    seed), with a content-free document at each position."""
+    seed), each question's documents rotated through every position: examples x documents forward passes."""
     from .attention_study import position_bias
     from .data import generate_fictional_qa
     from .experiment import SweepConfig
@@ -105,7 +105,7 @@ def prepare(config: LeverConfig, lm: LoadedModel) -> Prepared:
     sweep_like = SweepConfig(task="qa", num_docs=config.num_docs, positions=(0,), limit=config.bias_examples,
                              template=config.template, chat=config.chat, progress=False)
     t0 = time.perf_counter()
-    bias = position_bias(lm, sweep_like, held, progress=config.progress, by_head=True)
+    bias = position_bias(lm, sweep_like, held, progress=config.progress)
     return Prepared(bias, layers, time.perf_counter() - t0, len(held) * config.num_docs)
 
 
@@ -122,7 +122,7 @@ def intervention(lever: str, config: LeverConfig, lm: LoadedModel, prepared: Pre
     from .interventions import PositionalRescaling, calibration, ratios_from_awareness
 
     if lever == "calibration":
-        return calibration(prepared.bias, prepared.layers, config.temperature, config.strength)
+        return calibration(prepared.bias, prepared.layers, config.strength)
     if lever == "rescaling":
         aware = position_awareness(prepared.bias, lm.text_config.num_key_value_heads)
         return PositionalRescaling(ratios_from_awareness(aware, *config.ratios), prepared.layers)
@@ -146,7 +146,7 @@ class Levers(Study):
         if self.lever != "extractive":
             d.pop("budget"), d.pop("reserve")
         if self.lever not in INTERVENTIONS:  # their parameters enter through the model's run identity
-            for k in ("layers", "temperature", "strength", "ratios", "bias_examples", "bias_seed"):
+            for k in ("layers", "strength", "ratios", "bias_examples", "bias_seed"):
                 d.pop(k)
         return d
 

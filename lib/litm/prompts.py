@@ -72,6 +72,7 @@ class Manifest:
     sha256: str  # of the token ids
     template: str
     chat: bool
+    doc_format: str = "paper"  # how the documents are written (Variant.doc_format)
 
     @property
     def gold_span(self) -> tuple[int, int] | None:
@@ -88,7 +89,7 @@ class Manifest:
                 "gold_index": self.gold_index, "gold_span": list(self.gold_span) if self.gold_span else None,
                 "gold_rel_depth": self.gold_rel_depth, "question_spans": [list(s) for s in self.question_spans],
                 "num_tokens": self.num_tokens, "sha256": self.sha256, "template": self.template,
-                "chat": self.chat}
+                "chat": self.chat, "doc_format": self.doc_format}
 
 
 @dataclass(frozen=True)
@@ -254,5 +255,6 @@ def render(example: Example, tokenizer, variant: Variant = Variant(), allow_empt
         doc_char_spans=doc_chars, gold_index=next((i for i, d in enumerate(shown) if d.is_gold), None),
         question_spans=tuple(_char_to_token_span(offsets, s + shift, e + shift) for s, e in q_chars),
         num_tokens=len(ids), sha256=hashlib.sha256(" ".join(map(str, ids)).encode()).hexdigest(),
-        template=f"{'user' if variant.template_text is not None else variant.template}:{name}", chat=chat)
+        template=f"{'user' if variant.template_text is not None else variant.template}:{name}", chat=chat,
+        doc_format=variant.doc_format)
     return Prompt(example.id, full, tuple(ids), manifest)
