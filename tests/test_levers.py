@@ -96,6 +96,15 @@ def test_penalty_changes_are_paired_differences_of_middle_penalties_and_of_each_
     assert acc["change"] == pytest.approx(np.mean([-1.0, -1.0, 0.0, 1.0]))
 
 
+def test_question_changes_in_the_penalty_and_at_one_position():
+    base = [[1.0, -1.0, 1.0], [2.0, 0.0, 0.0], [0.0, -3.0, 2.0]]
+    lever = [[1.0, 1.0, 1.0], [2.0, 1.0, 0.0], [0.5, -1.0, 2.0]]
+    df = _records({"baseline": base, "x": lever})
+    assert list(levers.question_changes(df, "x")) == pytest.approx([-2.0, -1.0, -1.75])  # penalties by hand
+    assert list(levers.question_changes(df, "x", position=4)) == [2.0, 1.0, 2.0]
+    assert list(levers.question_changes(df, "x", position=0)) == [0.0, 0.0, 0.5]
+
+
 def test_costs_against_the_baseline():
     df = _records({"baseline": [[1.0, 0.0, 1.0]] * 2, "x": [[1.0, 0.0, 1.0]] * 2})
     timing = pd.DataFrame({"lever": ["baseline", "x"], "scoring_s": [1.0, 3.0], "compression_s": [0.0, 0.5]})

@@ -352,10 +352,15 @@ def costs(df, timing, prepared: Prepared | None = None, baseline: str = "baselin
     return pd.DataFrame(rows)
 
 
-def pilot_changes(df, lever: str, measure: str = "margin", baseline: str = "baseline") -> np.ndarray:
-    """Each question's change in middle penalty under `lever` against the baseline (for `planning.plan`)."""
-    pen = penalties(df, measure)
-    return (pen[lever] - pen[baseline]).to_numpy()
+def question_changes(df, lever: str, measure: str = "margin", baseline: str = "baseline",
+                     position: int | None = None) -> np.ndarray:
+    """Each question's change under `lever` against the baseline: in the middle penalty, or with `position` at
+    that gold position (for `planning.plan` and `planning.conclusion`)."""
+    if position is None:
+        pen = penalties(df, measure)
+        return (pen[lever] - pen[baseline]).to_numpy()
+    wide = _wide(df, measure)
+    return (wide[(lever, position)] - wide[(baseline, position)]).to_numpy()
 
 
 def describe(changes, lever: str, measure: str = "margin") -> str:

@@ -493,5 +493,5 @@ def lever_forest(changes, title: str | None = None):
         ax.set_xlabel(f"Lever minus baseline on the {m.name} ({m.unit}), 95% paired t interval, n = {n} questions",
                       fontsize=9)
         ax.grid(alpha=0.3, axis="x")
-    axes[0][0].legend(fontsize=7, loc="best")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _finish(fig, title)
