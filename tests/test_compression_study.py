@@ -1,6 +1,7 @@
 """The compression study on the tiny model and its summaries against hand computations."""
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -72,3 +73,21 @@ def test_compression_figures_draw_from_tables(tmp_path):
                       "positions": plots.position_curves_by_strategy(CS.by_position(df), 100)}.items():
         png, _ = plots.save_figure(fig, name, tmp_path)
         assert png.stat().st_size > 1000
+
+
+def test_evidence_survival_bars_draw_not_applicable_as_missing_not_zero():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from litm import plots
+
+    nan = float("nan")
+    summary = pd.DataFrame({"strategy": ["none", "truncate", "extractive"], "budget": [None, 250, 250],
+                            "evidence_survival": [1.0, 1.0, 0.4], "accuracy_evidence_kept": [0.5, 0.6, 0.0],
+                            "accuracy_evidence_lost": [nan, nan, 0.25]})  # truncate never lost the evidence
+    ax = plots.evidence_survival_bars(summary).axes[0]
+    heights = [[p.get_height() for p in c] for c in ax.containers]
+    assert heights[:2] == [[1.0, 0.4], [0.6, 0.0]]  # a real 0 stays a 0
+    assert np.isnan(heights[2][0]) and heights[2][1] == 0.25
+    labels = [t for t in ax.texts if t.get_text() == "n/a"]
+    assert len(labels) == 1 and labels[0].get_position()[0] == pytest.approx(0 + 0.27)

@@ -39,8 +39,8 @@ def _write(tmp_path, records, name="cases.jsonl") -> Path:
 # ------------------------------------------------------------------------------------------ input
 def test_sample_file_reads_and_metadata_goes_into_titles():
     cases = dg.read_cases(SAMPLE)
-    assert len(cases) >= 6 and len({c.id for c in cases}) == len(cases)
-    pl = cases[0]
+    assert len(cases) == 10 and len({c.id for c in cases}) == len(cases)  # 4 a pilot's, 6 a study's (notebook 07)
+    pl = cases[4]
     assert pl.gold.id == "hr-pl-de-v3"
     assert pl.gold.title == "Parental Leave Policy (Germany) [version 3, 2024-01-01, HR handbook]"
     kinds = Counter(d.kind for c in cases for d in c.documents)
@@ -113,7 +113,7 @@ def test_prompt_length_stays_within_tolerance_across_placements(tiny_lm):
 
 
 def test_adversarial_copies_for_user_data():
-    case = dg.read_cases(SAMPLE)[1]  # vpn-port
+    case = dg.read_cases(SAMPLE)[5]  # vpn-port
     plain = Example(case.id, case.question, case.answers, tuple(d for d in case.documents if d.kind is None), "qa")
     out = dg.with_adversarial(plain, ("outdated", "contradicting"), ["443", "1194", "8443", "22"])
     new = out.documents[len(plain.documents):]
@@ -122,6 +122,17 @@ def test_adversarial_copies_for_user_data():
     assert new[0].text == case.gold.text.replace("443", "1194") and "superseded" in new[0].title
     with pytest.raises(DataError, match="appears verbatim"):
         dg.with_adversarial(Example("x", "q", ("absent",), (Document("g", "", "text", True),), "qa"), ("outdated",), ["y"])
+
+
+def test_skip_leaves_the_pilots_cases_out_of_the_study():
+    config = dg.DiagnoseConfig(cases=str(SAMPLE), limit=2, skip=4)
+    every, chosen = dg.prepare_cases(config)
+    assert [c.id for c in chosen] == ["parental-leave-de", "vpn-port"] and len(every) == 10
+    assert {t.case_id for t in dg.trials_for(config, every, chosen)} == {"parental-leave-de", "vpn-port"}
+    assert [c.id for c in dg.prepare_cases(dg.DiagnoseConfig(cases=str(SAMPLE), skip=8))[1]] == [
+        "retention-us", "admin-passwords"]
+    with pytest.raises(ConfigError, match="10 cases; skipping 10 leaves none"):
+        dg.prepare_cases(dg.DiagnoseConfig(cases=str(SAMPLE), skip=10))
 
 
 # ---------------------------------------------------------------------------------------- measures
@@ -151,6 +162,29 @@ def test_forced_choice_candidates_and_scores(tmp_path):
     assert dg.score_choice(dg.ABSTAIN_ANSWER, case)["abstained"] and dg.score_choice("12 days", case)["correct"]
 
 
+def test_the_trend_over_depth_is_each_cases_least_squares_slope_first_depth_to_last():
+    import numpy as np
+    import pandas as pd
+    from scipy import stats as st
+
+    rng = np.random.default_rng(3)
+    depths = np.array(dg.DEPTHS)
+    rows = pd.DataFrame([{"case_id": f"c{c}", "condition": "documents", "length": 1, "status": "ok",
+                          "gold_in_prompt": True, "conflict_adjacent": False, "placement": p, "depth": d,
+                          "order": o, "gold_margin": c * d + rng.normal()}
+                         for c in range(5) for p, d in enumerate(depths) for o in range(2)])
+    means = rows.pivot_table(index="case_id", columns="placement", values="gold_margin").to_numpy()
+    slopes = np.array([np.polyfit(depths, m, 1)[0] * (depths[-1] - depths[0]) for m in means])
+    penalties = (means[:, 0] + means[:, -1]) / 2 - means[:, 2]
+    eff = dg.case_effects(rows, "gold_margin")
+    assert np.allclose(eff["trend"], slopes) and np.allclose(eff["penalty"], penalties)
+    # balanced, nothing to adjust for: the cluster-robust intervals are the t intervals of the cases' own values
+    pe = dg.placement_effects(rows, "gold_margin")
+    for key, values in (("trend", slopes), ("penalty", penalties), ("last", means[:, -1] - means[:, 2])):
+        low, high = st.ttest_1samp(values, 0).confidence_interval(0.95)
+        assert (pe[key].value, pe[key].low, pe[key].high) == pytest.approx((values.mean(), low, high)), key
+
+
 # ----------------------------------------------------------------------------------------- verdict
 def _fake_run(tiny_lm, tmp_path, monkeypatch, cases, decide, **cfg):
     """Run the whole pipeline on the tiny model's tokenizer with answers decided by `decide(item)`."""
@@ -173,7 +207,9 @@ LAST = len(dg.DEPTHS) - 1
 CONSTRUCTED = {
     "gold missing from the prompt (packing or truncation, not position)":
         (False, lambda it: True, {"max_prompt_tokens": "gold-cut"}),
-    "position sensitivity": (False, lambda it: it.fields["placement"] in (0, LAST), {}),
+    "position: lost in the middle (U-shape)": (False, lambda it: it.fields["placement"] in (0, LAST), {}),
+    "position: primacy (falls with depth)": (False, lambda it: it.fields["placement"] == 0, {}),
+    "position: recency (rises with depth)": (False, lambda it: it.fields["placement"] == LAST, {}),
     "wrong everywhere (evidence, question or reasoning, not position)": (False, lambda it: False, {}),
     "interference from a conflicting document":
         (True, lambda it: not any(d.kind for d in dg.neighbours(it.example)), {}),
@@ -181,7 +217,8 @@ CONSTRUCTED = {
 }
 
 
-@pytest.mark.parametrize("rule", list(CONSTRUCTED), ids=["missing", "position", "wrong", "interference", "length"])
+@pytest.mark.parametrize("rule", list(CONSTRUCTED),
+                         ids=["missing", "middle", "primacy", "recency", "wrong", "interference", "length"])
 def test_each_verdict_rule_fires_on_its_case_and_no_other(tiny_lm, tmp_path, monkeypatch, rule):
     adversarial, decide, cfg = CONSTRUCTED[rule]
     cases = [_case(i, adversarial=adversarial) for i in range(4)]
@@ -203,6 +240,7 @@ def test_cli_writes_a_report_for_two_models(tiny_model_dir, tmp_path, capsys):
     assert code == 0
     md = (out / "report.md").read_text()
     assert "### Verdict" in md and "## Comparison of the two models" in md and "verdict:" in md
+    assert "- Primary: trend over depth (first depth to last), accuracy" in md  # generation: the rules read accuracy
     assert "| 0% | 1 | 4 |" in md  # 2 cases x 2 orders at the first placement
     assert (out / "diagnosis.png").stat().st_size > 1000 and "wrote" in text
 

@@ -96,3 +96,52 @@ def test_the_conclusion_reads_the_interval_against_the_smallest_effect(values, s
     text = planning.conclusion(values, "margin", 0.5, "the change")
     low, high = st.ttest_1samp(values, 0).confidence_interval(0.95)
     assert says in text and f"[{low:+.2f}, {high:+.2f}]" in text and f"n = {len(values)}" in text
+
+
+def test_the_pilot_and_the_study_never_share_a_question(tmp_path):
+    from litm import SweepConfig
+    from litm import diagnose as dg
+    from litm.data import fictional_qa_records, write_jsonl
+    from litm.errors import ConfigError
+    from litm.experiment import load_examples
+
+    ids = lambda cfg: [e.id for e in load_examples(cfg)]
+    # generated data: the pilot under another seed, the study as configured
+    gen = planning.pilot_and_study(SweepConfig(task="qa", limit=4), 3, 1, "margin")
+    assert ids(gen.pilot) == ["fqa-s1-0", "fqa-s1-1", "fqa-s1-2"] and gen.study == SweepConfig(task="qa", limit=4)
+    assert gen.held_out == "generated with seed 1; the study's with seed 0"
+    # a file: its first three questions, which the study skips
+    path = write_jsonl(fictional_qa_records(7, 4), tmp_path / "f.jsonl")
+    f = planning.pilot_and_study(SweepConfig(task="qa", data=str(path), num_docs=4, positions=(0, 3), limit=4), 3, 1)
+    assert ids(f.pilot) == ["f.jsonl#1", "f.jsonl#2", "f.jsonl#3"]
+    assert ids(f.study) == ["f.jsonl#4", "f.jsonl#5", "f.jsonl#6", "f.jsonl#7"]
+    assert f.held_out == "the first 3 of f.jsonl, which the study skips"
+    # a diagnosis: the first cases of the file
+    sample = planning.pilot_and_study(dg.DiagnoseConfig(cases="x/cases.jsonl", limit=2), 3, None)
+    assert (sample.pilot.limit, sample.pilot.skip, sample.study.limit, sample.study.skip) == (3, 0, 2, 3)
+    with pytest.raises(ConfigError, match="seed of its own"):
+        planning.pilot_and_study(SweepConfig(task="qa"), 3, 0)
+    with pytest.raises(ConfigError, match="at least 3"):
+        planning.pilot_and_study(SweepConfig(task="qa"), 2, 1)
+
+    planning.check_held_out(["fqa-s1-0"], ["fqa-s0-0"])
+    records = pd.DataFrame({"example_id": ["a", "b", "b"]})
+    with pytest.raises(StatsError, match="shares 1 questions with the study .*'b'"):
+        planning.check_held_out(records, ["b", "c"])
+    with pytest.raises(StatsError, match="shares 2 questions"):
+        planning.check_held_out(pd.DataFrame({"case_id": ["x", "y"], "example_id": ["1", "2"]}), ["y", "x"])
+
+
+def test_a_primary_measure_the_scoring_does_not_record_is_a_clear_error_before_the_pilot():
+    from litm import SweepConfig
+    from litm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="PRIMARY = 'margin' is not recorded under scoring 'generate'.*"
+                                          "set PRIMARY = 'accuracy'"):
+        planning.pilot_and_study(SweepConfig(task="qa", scoring="generate"), 12, 1, "margin")
+    with pytest.raises(ConfigError, match="set PRIMARY = 'loglik'"):
+        planning.pilot_and_study(SweepConfig(task="qa", scoring="loglik"), 12, 1, "accuracy")
+    # a pilot without the measure (records of generation) says so too, not "no question has a score"
+    generated = pilot_records([1.0, 0.5, 2.0]).assign(gold_margin=None, gold_loglik=None)
+    with pytest.raises(StatsError, match="hold no gold margin"):
+        planning.plan(generated, lambda d: planning.middle_penalties(d, "margin"), "margin", most=10)

@@ -40,6 +40,16 @@ def _retrieved(k=4):
     return S.Retrieved(ex, docs[:k], gold_pool_rank=6)  # the retriever ranked the gold last: missed
 
 
+def test_only_runs_the_named_conditions():
+    assert S.only(CFG, ["rank|after", "langchain|after"]).conditions() == [("rank", "after"), ("langchain", "after")]
+    assert S.only(CFG, ["rank|after", "rank|both"]).conditions() == [("rank", "after"), ("rank", "both")]
+    assert S.only(CFG, ["gold@3|after", "reverse|after"]).conditions() == [("reverse", "after"), ("gold@3", "after")]
+    assert set(S.only(CFG, ["rank|after", "u_shape|both"]).conditions()) == {
+        ("rank", "after"), ("u_shape", "after"), ("rank", "both"), ("u_shape", "both")}
+    with pytest.raises(ConfigError, match="'arrangement\\|variant'"):
+        S.only(CFG, ["rank"])
+
+
 def test_oracle_placement_brings_a_missed_gold_in_place_of_the_kth_document():
     r = _retrieved()
     assert [d.id for d in S.arranged(r, "gold@1", 0).documents] == ["d0", "d5", "d1", "d2"]

@@ -274,3 +274,33 @@ def test_every_run_logs_its_first_prompt_and_the_chat_template(tmp_path):
         assert logged["text"].startswith("<|user|>") and logged["chat"] is True
         assert logged["input_ids_sha256"] == first["prompt_sha256"]
         assert logged["chat_template_sha256"] == hashlib.sha256(lm.tokenizer.chat_template.encode()).hexdigest()
+
+
+def test_skip_leaves_out_the_first_examples_and_enters_the_hash_only_when_used(tmp_path):
+    from litm.data import fictional_qa_records
+    from litm.experiment import Sweep, load_examples
+    from litm.study import config_hash
+
+    ident = {"weights": "w", "dtype": "float32"}
+    plain, skipped = Sweep(SweepConfig(task="qa", limit=5)), Sweep(SweepConfig(task="qa", limit=3, skip=2))
+    # the run hashes computed before `skip` existed (main at e876a4f): earlier results keep their folders
+    assert config_hash(plain.run_config(ident, plain.conditions()[0])) == "0d793cd32585112e"
+    assert config_hash(S.Strategies(S.StrategyConfig(limit=5)).run_config(
+        ident, {"arrangement": "rank", "variant": "after"})) == "91b8afeccda50dda"
+    assert "skip" not in plain.hashed() and skipped.hashed()["skip"] == 2
+    assert config_hash(skipped.run_config(ident, skipped.conditions()[0])) != config_hash(
+        plain.run_config(ident, plain.conditions()[0]))
+    # generated data: the same questions as the first five, less the first two
+    assert load_examples(skipped.config) == load_examples(plain.config)[2:]
+    assert [e.id for e in load_examples(skipped.config)] == ["fqa-s0-2", "fqa-s0-3", "fqa-s0-4"]
+    # a data file: its records after the first `skip`
+    path = write_jsonl(fictional_qa_records(5, 4), tmp_path / "f.jsonl")
+    cfg = SweepConfig(task="qa", data=str(path), num_docs=4, positions=(0, 3), limit=2, skip=3)
+    assert [e.id for e in load_examples(cfg)] == ["f.jsonl#4", "f.jsonl#5"]
+    pools = S.load_pools(S.StrategyConfig(data=str(path), pool=4, k=2, oracle_positions=(), limit=None, skip=4))
+    assert [e.id for e in pools] == ["f.jsonl#5"]
+    assert [e.id for e in S.load_pools(S.StrategyConfig(limit=2, skip=1))] == ["fqa-s0-1", "fqa-s0-2"]
+    with pytest.raises(ConfigError, match="holds 5 examples; skipping 5 leaves none"):
+        load_examples(SweepConfig(task="qa", data=str(path), num_docs=4, positions=(0, 3), limit=None, skip=5))
+    with pytest.raises(ConfigError, match="skip must be 0 or more"):
+        SweepConfig(skip=-1)

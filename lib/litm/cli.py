@@ -87,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--second-model", default=None, help="run the same cases on this model too and compare")
     d.add_argument("--template", default=None, help="your prompt template: a file with {search_results} and {question}")
     d.add_argument("--scoring", choices=["generate", "choice"], default="generate")
+    d.add_argument("--primary", choices=["accuracy", "margin"], default=None,
+                   help="the measure the position rules read (default: margin under choice, else accuracy)")
     d.add_argument("--depths", type=_numbers(float), default=(0.0, 0.25, 0.5, 0.75, 0.95),
                    help="relative depths of the gold in the document region, e.g. 0,0.25,0.5,0.75,0.95")
     d.add_argument("--orders", type=int, default=None,
@@ -191,7 +193,7 @@ def _diagnose(args) -> int:
     diagnoses = []
     for name in [args.model] + ([args.second_model] if args.second_model else []):
         df = dg.run(replace(cfg, model=name), load_model(name, device=args.device, dtype=args.dtype), cases)
-        diagnoses.append(dg.diagnose(df))
+        diagnoses.append(dg.diagnose(df, args.primary or ("margin" if args.scoring == "choice" else "accuracy")))
     comparison = dg.compare_models(*diagnoses) if len(diagnoses) == 2 else None
     out = dg.write_report(diagnoses, cfg, args.out, comparison)
     print(out["markdown"])

@@ -33,7 +33,8 @@ class SweepConfig:
     query_aware: bool = False
     template: str = "ours"  # ours | paper (needs `litm fetch liu2023`)
     chat: bool | None = None  # None: the model's chat template when it has one
-    limit: int | None = 50  # examples (the first `limit` of the data)
+    limit: int | None = 50  # examples (the first `limit` of the data after `skip`)
+    skip: int = 0  # the first `skip` examples of the data are left out (a pilot's, see `planning.pilot_and_study`)
     seed: int = 0  # seed of the generated data
     sentences_per_doc: int = 3  # generated QA only
     generate_docs: int | None = None  # generated data: make this many documents, keep num_docs (shared questions)
@@ -61,6 +62,8 @@ class SweepConfig:
             raise ConfigError(f"limit must be at least 1 (got {self.limit}); use None for all examples.")
         if self.limit is None and self.data == "generated":
             raise ConfigError("generated data needs a limit (how many examples to make).")
+        if self.skip < 0:
+            raise ConfigError(f"skip must be 0 or more, got {self.skip}.")
         if self.num_docs < 1:
             raise ConfigError(f"num_docs must be at least 1, got {self.num_docs}.")
         if self.num_docs < 2 and self.scoring == "choice":
@@ -92,16 +95,20 @@ class SweepConfig:
 
 
 def load_examples(config: SweepConfig) -> list[Example]:
-    """The sweep's examples, cut to `num_docs` documents (the gold and the first distractors)."""
+    """The sweep's examples after the first `skip`, cut to `num_docs` documents (the gold and the first
+    distractors)."""
+    end = None if config.limit is None else config.skip + config.limit
     if config.data == "generated":
         n = max(config.num_docs, config.generate_docs or 0)
         if config.task == "kv":
-            examples = generate_kv(config.limit, n, config.seed)
+            examples = generate_kv(end, n, config.seed)
         else:
-            examples = generate_fictional_qa(config.limit, n, config.seed, config.sentences_per_doc)
+            examples = generate_fictional_qa(end, n, config.seed, config.sentences_per_doc)
     else:
-        examples = read_examples(config.data, config.task, config.limit)
-    return [with_num_documents(e, config.num_docs) for e in examples]
+        examples = read_examples(config.data, config.task, end)
+    if len(examples) <= config.skip:
+        raise ConfigError(f"{config.data} holds {len(examples)} examples; skipping {config.skip} leaves none.")
+    return [with_num_documents(e, config.num_docs) for e in examples[config.skip:]]
 
 
 def prompt_for(example: Example, condition: str, position: int | None, config: SweepConfig, tok) -> Prompt:

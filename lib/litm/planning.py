@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from . import stats
-from .errors import StatsError
+from .errors import ConfigError, StatsError
+
+# The measures each scoring records (`stats.measures_in` reads them off the records).
+SCORED = {"choice": ("accuracy", "loglik", "margin"), "loglik": ("loglik",), "generate": ("accuracy",)}
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,52 @@ class Plan:
         return text + f"; the study runs {self.limit} ({cost(self.limit)})."
 
 
+@dataclass(frozen=True)
+class PilotAndStudy:
+    """A pilot's config and its study's, which share no question, and where the pilot's come from in words."""
+
+    pilot: object
+    study: object
+    held_out: str
+
+
+def pilot_and_study(config, pilot: int, pilot_seed: int | None, primary: str | None = None) -> PilotAndStudy:
+    """The pilot and the study of a config, on different questions: with generated data the pilot is `pilot`
+    questions made with `pilot_seed` (the study keeps its seed); with a data file (`data`, or a diagnosis's
+    `cases`) it is the file's first `pilot` questions, which the study skips.  `primary`, when given, is
+    checked against the config's scoring before anything runs (generation records no margin)."""
+    scoring = getattr(config, "scoring", "choice")
+    if primary is not None and stats.measure(primary).name not in SCORED[scoring]:
+        raise ConfigError(f"PRIMARY = {primary!r} is not recorded under scoring {scoring!r}, which records "
+                          f"{list(SCORED[scoring])}: set PRIMARY = {SCORED[scoring][0]!r} (or score by 'choice').")
+    if pilot < 3:
+        raise ConfigError(f"a pilot of {pilot} questions cannot estimate a spread; use at least 3.")
+    source = (config.cases or "the cases given") if hasattr(config, "cases") else getattr(config, "data", "generated")
+    if source == "generated":
+        if pilot_seed is None or pilot_seed == config.seed:
+            raise ConfigError(f"the pilot needs a seed of its own (PILOT_SEED), not the study's {config.seed}: the "
+                              "same seed makes the same questions.")
+        return PilotAndStudy(replace(config, limit=pilot, seed=pilot_seed), config,
+                             f"generated with seed {pilot_seed}; the study's with seed {config.seed}")
+    return PilotAndStudy(replace(config, limit=pilot), replace(config, skip=config.skip + pilot),
+                         f"the first {pilot} of {Path(str(source)).name}, which the study skips")
+
+
+def check_held_out(pilot, study) -> None:
+    """A StatsError when a pilot shares a question with its study: each is records (their `case_id`s, or
+    `example_id`s) or question ids.  A plan from the study's own questions would be sized on its result."""
+    def ids(x) -> set:
+        if hasattr(x, "columns"):
+            return set(x["case_id" if "case_id" in x.columns else "example_id"])
+        return set(x)
+
+    shared = sorted(ids(pilot) & ids(study))
+    if shared:
+        raise StatsError(f"the pilot shares {len(shared)} questions with the study (e.g. {shared[:3]}); a pilot must "
+                         "use questions the study never sees: give it another seed (generated data) or let the "
+                         "study skip its questions (`planning.pilot_and_study`).")
+
+
 def middle_penalties(df, m: str | stats.Measure) -> np.ndarray:
     """Each question's middle penalty (edges minus middle) on a measure, from a sweep's records or from a
     table of units x gold positions already made (e.g. `diagnose.case_table`)."""
@@ -97,7 +147,7 @@ def plan(pilot, effect: Callable[[object], np.ndarray], m: str | stats.Measure, 
     condition of the study; default: as many as the pilot scored per question)."""
     from scipy.stats import chi2
 
-    m = stats.measure(m)
+    m = stats.primary_measure(pilot, m)  # a measure the pilot lacks is an error that says so
     x = np.asarray(effect(pilot), dtype=float)
     if x.size < 3:
         raise StatsError(f"a pilot of {x.size} questions cannot estimate a spread; run at least 3.")

@@ -374,14 +374,18 @@ def accuracy_vs_kept_tokens(summary, title: str | None = None, chance: float | N
 
 def evidence_survival_bars(summary, title: str | None = None):
     """For each strategy and budget: how often the gold's answer sentence survived, and the accuracy with
-    the evidence kept and with it lost (a lost-evidence error is a packing failure, not a position one)."""
+    the evidence kept and with it lost (a lost-evidence error is a packing failure, not a position one).
+    An accuracy without prompts to count (the evidence never lost, or never kept) is no bar and "n/a"."""
     s = summary[summary["strategy"] != "none"]
     fig, ax = _new_axes(None, (0.75 * len(s) + 2.5, 4))
     x = np.arange(len(s))
     for j, (col, label) in enumerate((("evidence_survival", "evidence survived"),
                                       ("accuracy_evidence_kept", "accuracy, evidence kept"),
                                       ("accuracy_evidence_lost", "accuracy, evidence lost"))):
-        ax.bar(x + (j - 1) * 0.27, s[col].fillna(0), 0.27, color=f"C{j}", label=label)
+        at = x + (j - 1) * 0.27
+        ax.bar(at, s[col], 0.27, color=f"C{j}", label=label)
+        for xi in at[s[col].isna().to_numpy()]:
+            ax.text(xi, 0.01, "n/a", ha="center", va="bottom", rotation=90, fontsize=6, color=f"C{j}")
     ax.set_xticks(x, [f"{r.strategy}\n@{int(r.budget)}" for r in s.itertuples()], fontsize=7)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("Share")

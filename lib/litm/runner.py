@@ -10,6 +10,11 @@ The tie rule of forced choice: a tie counts against the gold.  The gold's rank i
 other candidates scoring at least as high, and a choice is right only when the gold scores strictly
 highest.  So accuracy stays a right/wrong outcome (Wilson intervals, McNemar and Cochran's Q stay exact)
 and a tie is never credited as knowledge; the price is a downward bias bounded by the share of ties.
+
+A candidate's score is its log-likelihood summed over its tokens, not normalised by length.  A paired
+effect over positions (the middle penalty, a difference from a baseline) is unaffected, since a question
+has the same candidates at every position; accuracy levels favour short candidates, which lose less
+log-likelihood to their extra tokens.
 """
 from __future__ import annotations
 

@@ -45,7 +45,8 @@ class StrategyConfig:
     variants: tuple[str, ...] = ("after", "both", "repeat", "xml")
     cross: bool = False
     scoring: str = "choice"  # choice | loglik | generate (citations are parsed from generations only)
-    limit: int | None = 12
+    limit: int | None = 12  # questions (the first `limit` of the data after `skip`)
+    skip: int = 0  # the first `skip` questions of the data are left out (a pilot's, see `planning.pilot_and_study`)
     seed: int = 0
     sentences_per_doc: int = 3
     template: str = "ours"
@@ -84,6 +85,8 @@ class StrategyConfig:
             raise ConfigError("generated data needs a limit (how many questions to make).")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be at least 1 (got {self.limit}).")
+        if self.skip < 0:
+            raise ConfigError(f"skip must be 0 or more, got {self.skip}.")
 
     def arrangements(self) -> list[str]:
         return list(self.strategies) + [f"{ORACLE_PREFIX}{p}" for p in self.oracle_positions]
@@ -97,18 +100,36 @@ class StrategyConfig:
         return [(a, base) for a in self.arrangements()] + [(first, v) for v in self.variants[1:]]
 
 
+def only(config: StrategyConfig, conditions) -> StrategyConfig:
+    """The config that runs just the named conditions ("arrangement|variant", e.g. a pilot's baseline and
+    contrast); with two arrangements and two variants every pair of them runs."""
+    pairs = [str(c).split("|") for c in conditions]
+    if any(len(p) != 2 for p in pairs):
+        raise ConfigError(f"conditions are named 'arrangement|variant', e.g. 'rank|after'; got {list(conditions)}.")
+    arrangements = list(dict.fromkeys(a for a, _ in pairs))
+    variants = tuple(dict.fromkeys(v for _, v in pairs))
+    oracle = [a for a in arrangements if a.startswith(ORACLE_PREFIX)]
+    return replace(config, strategies=tuple(a for a in arrangements if a not in oracle), variants=variants,
+                   oracle_positions=tuple(int(a[len(ORACLE_PREFIX):]) for a in oracle),
+                   cross=len(arrangements) > 1 and len(variants) > 1)
+
+
 def load_pools(config: StrategyConfig) -> list[Example]:
-    """Each question with its pool of candidate documents.  Generated pools are shuffled (seeded) so that
-    a retriever's ties cannot favour the gold, which the generator puts first."""
+    """Each question after the first `skip` with its pool of candidate documents.  Generated pools are shuffled
+    (seeded) so that a retriever's ties cannot favour the gold, which the generator puts first."""
+    end = None if config.limit is None else config.skip + config.limit
     if config.data == "generated":
+        examples = generate_fictional_qa(end, config.pool, config.seed, config.sentences_per_doc)[config.skip:]
         out = []
-        for e in generate_fictional_qa(config.limit, config.pool, config.seed, config.sentences_per_doc):
+        for e in examples:
             docs = list(e.documents)
             random.Random(f"pool-{config.seed}-{e.id}").shuffle(docs)
             out.append(replace(e, documents=tuple(docs)))
         return out
-    return [with_num_documents(e, min(config.pool, len(e.documents)))
-            for e in read_examples(config.data, "qa", config.limit)]
+    examples = read_examples(config.data, "qa", end)
+    if len(examples) <= config.skip:
+        raise ConfigError(f"{config.data} holds {len(examples)} questions; skipping {config.skip} leaves none.")
+    return [with_num_documents(e, min(config.pool, len(e.documents))) for e in examples[config.skip:]]
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,8 @@ class Study:
         d = {k: v for k, v in asdict(self.config).items() if k not in NOT_HASHED and k not in self.listing}
         if self.scoring != "generate":
             d.pop("max_new_tokens", None)
+        if not d.get("skip"):  # hashed only when examples are skipped, so earlier runs keep their folders
+            d.pop("skip", None)
         return d
 
     def run_config(self, identity: dict, condition: dict | None = None) -> dict:

@@ -1,6 +1,7 @@
 """What a diagnosis measures: per placement accuracy, support, wrong-source and abstention rates, where
 the gold really sat, the Latin square's balance, and the placement effects adjusted for a conflicting
-neighbour (cluster-robust t intervals over cases)."""
+neighbour (cluster-robust t intervals over cases): the middle penalty, each edge against the middle, and the
+trend over depth."""
 from __future__ import annotations
 
 import numpy as np
@@ -72,15 +73,38 @@ def case_table(df, length: int = 1, value: str = "correct") -> stats.PairedTable
                              dropped=len(wide) - len(full))
 
 
+def trend_weights(depths) -> np.ndarray:
+    """The trend over depth as weights over placements: the least-squares slope of the placements' values on
+    their relative depth, times the distance from the first depth to the last, so it reads as the change from
+    the first placement to the last along a straight line (> 0: rises with depth, recency; < 0: primacy)."""
+    d = np.asarray(depths, dtype=float)
+    c = d - d.mean()
+    return c / (c @ c) * (d[-1] - d[0])
+
+
+def case_effects(df, value: str = "correct", length: int = 1):
+    """Each case's middle penalty and trend over depth on a record field, from its placements' means (not
+    adjusted for a conflicting neighbour): one value per case, for a pilot's plan and a study's conclusion."""
+    import pandas as pd
+
+    table = case_table(df, length, value)
+    docs = df[df["condition"] == "documents"]
+    depths = docs.groupby("placement")["depth"].first().reindex(list(table.conditions)).to_numpy()
+    return pd.DataFrame({"penalty": stats.question_penalties(table), "trend": table.values @ trend_weights(depths)},
+                        index=pd.Index(table.ids, name="case_id"))
+
+
 def placement_effects(rows, value: str = "correct") -> dict | None:
     """A measure by placement adjusted for a conflicting neighbour: a linear model of `value` (correctness by
     default: a linear probability model; or the gold's margin or log-likelihood) on one indicator per
     placement plus "a conflicting document is next to the gold", fitted to every scored prompt with the
     gold, with cluster-robust t intervals over cases (a case's prompts are one cluster; `stats.cluster_contrast`).
 
-    Returns the middle penalty (mean of the edge placements' coefficients minus the middle's), the
-    neighbour's effect (None when it never varies or cannot be told apart from placement) and the adjusted
-    edge and middle values; None when fewer than 2 cases or 3 placements are there."""
+    Returns the adjusted value at each placement (`values`, at `depths`), the middle penalty (mean of the edge
+    placements minus the middle's), each edge minus the middle (`first`, `last`), the trend over depth
+    (`trend_weights`), the neighbour's effect (None when it never varies or cannot be told apart from
+    placement) and the adjusted edge and middle values; None when fewer than 2 cases or 3 placements are
+    there."""
     placements = sorted(int(p) for p in rows["placement"].dropna().unique())
     cases = sorted(rows["case_id"].unique())
     if len(placements) < 3 or len(cases) < 2:
@@ -102,12 +126,21 @@ def placement_effects(rows, value: str = "correct") -> dict | None:
         note = "no conflicting documents to adjust for" if not adjacent.any() else "every prompt has a conflicting neighbour"
     y = rows[value].astype(float).to_numpy()
     clusters = rows["case_id"].to_numpy()
-    penalty = np.zeros(X.shape[1])
-    penalty[:len(placements)] = stats.penalty_weights(placements, placements)
-    beta = np.linalg.lstsq(X, y, rcond=None)[0]
+    depths = rows.groupby("placement")["depth"].first().reindex(placements).to_numpy(dtype=float)
     edges, middle = stats.edges_and_middle(placements)
-    neighbour = np.eye(X.shape[1])[-1]
-    return {"penalty": stats.cluster_contrast(X, y, clusters, penalty),
-            "adjacent": stats.cluster_contrast(X, y, clusters, neighbour) if with_adj else None,
+
+    def estimate(w) -> stats.Estimate:  # weights on the placements (and the neighbour, when given)
+        e = stats.cluster_contrast(X, y, clusters, np.concatenate([w, np.zeros(X.shape[1] - len(w))]))
+        if max(abs(e.low), abs(e.high)) > 1e-9 * max(1.0, float(np.abs(y).max())):
+            return e
+        return stats.Estimate(0.0, 0.0, 0.0, 1.0, e.n, e.level, e.method)  # no difference: rounding is not one
+
+    one = np.eye(len(placements))
+    mid = -(np.isin(placements, middle) / len(middle))
+    beta = np.linalg.lstsq(X, y, rcond=None)[0]
+    return {"values": beta[:len(placements)], "depths": depths,
+            "penalty": estimate(stats.penalty_weights(placements, placements)),
+            "first": estimate(one[0] + mid), "last": estimate(one[-1] + mid), "trend": estimate(trend_weights(depths)),
+            "adjacent": estimate(np.eye(X.shape[1])[-1]) if with_adj else None,
             "note": note, "edges": float(np.mean([beta[placements.index(p)] for p in edges])),
             "middle": float(np.mean([beta[placements.index(p)] for p in middle]))}

@@ -113,7 +113,8 @@ class DiagnoseConfig:
     scoring: str = "generate"  # generate (citations, free abstention) | choice (answer vs distractors' vs abstain)
     max_new_tokens: int = 32
     chat: bool | None = None
-    limit: int | None = None  # the first `limit` cases
+    limit: int | None = None  # the first `limit` cases after `skip`
+    skip: int = 0  # the first `skip` cases are left out, a pilot's (`planning.pilot_and_study`); they still pad
     batch_size: int = 4
     results_dir: str = "results/diagnose"
     progress: bool = True
@@ -137,6 +138,8 @@ class DiagnoseConfig:
                               "alone does not say which answer the model gives).")
         if self.max_new_tokens < 1 or self.batch_size < 1:
             raise ConfigError("max_new_tokens and batch_size must be at least 1.")
+        if self.skip < 0:
+            raise ConfigError(f"skip must be 0 or more, got {self.skip}.")
         if self.template is not None:
             check_template(self.template_text(), self.template)
 
@@ -164,8 +167,8 @@ class DiagnoseConfig:
 
 
 def prepare_cases(config: DiagnoseConfig, cases: list[Example] | None = None) -> tuple[list[Example], list[Example]]:
-    """All cases (padding comes from all of them) and the ones to run (the first `limit`), with the
-    configured conflicting copies added."""
+    """All cases (padding comes from all of them) and the ones to run (the first `limit` after `skip`), with
+    the configured conflicting copies added."""
     if cases is None:
         if config.cases is None:
             raise ConfigError("no cases: give DiagnoseConfig(cases='file.jsonl') or pass them to run().")
@@ -173,7 +176,10 @@ def prepare_cases(config: DiagnoseConfig, cases: list[Example] | None = None) ->
     if config.adversarial:
         answers = [a for c in cases for a in c.answers] + [d.answer for c in cases for d in c.documents if d.answer]
         cases = [with_adversarial(c, config.adversarial, answers) for c in cases]
-    return cases, cases[:config.limit] if config.limit else cases
+    if len(cases) <= config.skip:
+        raise ConfigError(f"{len(cases)} cases; skipping {config.skip} leaves none to run.")
+    end = config.skip + config.limit if config.limit else None
+    return cases, cases[config.skip:end]
 
 
 def trials_for(config: DiagnoseConfig, cases: list[Example], chosen: list[Example]) -> list[Trial]:

@@ -9,17 +9,20 @@ from .design import DiagnoseConfig
 from .verdict import Diagnosis, _pct
 
 
-def penalty_lines(d: Diagnosis) -> list[str]:
-    """The middle penalty of each measure (edges minus middle, adjusted for a conflicting neighbour, t interval
-    over cases), the primary one first."""
+def position_lines(d: Diagnosis) -> list[str]:
+    """The middle penalty and the trend over depth of each measure (adjusted for a conflicting neighbour, t
+    intervals over cases), the primary one first."""
     lines = []
-    for name, e in d.penalties.items():
+    for name, eff in d.effects.items():
         m = stats.measure(name)
-        text = ("not estimable (needs 2 cases with the gold at 3 placements)" if e is None else
-                f"{m.format(e.value, True)} {m.unit}, 95% CI [{m.format(e.low, True)}, {m.format(e.high, True)}], "
-                f"n = {e.n} cases, p = {e.p_value:.3g}")
-        lines.append(f"{'Primary: ' if name == d.primary else ''}middle penalty, {m.label} (edges minus middle, "
-                     f"adjusted for a conflicting neighbour, t interval over cases): {text}")
+        for key, what in (("penalty", "middle penalty (edges minus middle)"),
+                          ("trend", "trend over depth (first depth to last)")):
+            e = eff[key] if eff else None
+            text = ("not estimable (needs 2 cases with the gold at 3 placements)" if e is None else
+                    f"{m.format(e.value, True)} {m.unit}, 95% CI [{m.format(e.low, True)}, {m.format(e.high, True)}], "
+                    f"n = {e.n} cases, p = {e.p_value:.3g}")
+            lines.append(f"{'Primary: ' if name == d.primary else ''}{what}, {m.label} (adjusted for a conflicting "
+                         f"neighbour, t interval over cases): {text}")
     return lines
 
 
@@ -49,7 +52,7 @@ def to_markdown(diagnoses: list[Diagnosis], config: DiagnoseConfig, comparison=N
                          f"{_pct(r['ci_high'])}] | {_pct(r['supported'])} | {_pct(r['wrong_source'])} | "
                          f"{_pct(r['abstained'])} | {_pct(r['gold_in_prompt'])} | {start} | {depth} | "
                          f"{r['prompt_tokens']:.0f} ({r['tokens_min']}-{r['tokens_max']}) |")
-        lines += [""] + [f"- {line}" for line in penalty_lines(d)]
+        lines += [""] + [f"- {line}" for line in position_lines(d)]
         lines += ["", "### Verdict", ""]
         lines.append(f"**{'; '.join(d.verdict) or 'no rule fired: no clear failure pattern at this sample size'}**")
         lines += ["", "| rule | fired | when it fires | evidence | next step |", "|---|---|---|---|---|"]

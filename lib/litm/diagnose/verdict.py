@@ -1,5 +1,13 @@
-"""The verdict of a diagnosis: five stated rules (gold missing, position, wrong everywhere, interference,
-length), each with its evidence and a next step, and the comparison of two models on the same cases."""
+"""The verdict of a diagnosis: seven stated rules (gold missing; three position patterns: lost in the middle,
+primacy, recency; wrong everywhere; interference; length), each with its evidence and a next step, and the
+comparison of two models on the same cases.
+
+The position rules read the study's primary measure, stated before the run: under forced choice the gold's
+margin keeps how close each choice was, so a handful of cases can show a pattern that right/wrong outcomes
+cannot (a model right 0/0/0/0/50% across depths on four cases shows no significant accuracy effect).  Each
+also asks that the model be right at least `EDGE_MIN` of the time where its pattern puts the gold best
+(accuracy), so a pattern in how wrong a model is is not called a position failure.  The other rules read
+accuracy, wrong-source and abstention rates."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,7 +17,7 @@ from ..report import compare_tables
 from .analysis import case_table, measures, placement_effects
 
 MISSING_SHARE = 0.2  # gold missing from at least this share of the prompts: packing or truncation
-EDGE_MIN = 0.5  # position: the edges at least this accurate
+EDGE_MIN = 0.5  # position: where the pattern puts the gold best (edges, first or last) at least this accurate
 WRONG_MAX = 0.25  # wrong everywhere: no placement above this accuracy
 APART_MIN = 0.5  # interference: with no conflicting neighbour at least this accurate
 LENGTH_BASE_MIN = 0.5  # length: the case's own length at least this accurate
@@ -29,10 +37,10 @@ class Diagnosis:
     model: str
     records: object  # DataFrame, one row per prompt
     measures: object  # DataFrame (`measures`)
-    penalty: stats.Estimate | None  # accuracy's, which the rules use
+    penalty: stats.Estimate | None  # the primary measure's adjusted middle penalty
     rules: list[Rule] = field(default_factory=list)
-    primary: str = "accuracy"
-    penalties: dict = field(default_factory=dict)  # measure name -> adjusted middle penalty (or None), primary first
+    primary: str = "accuracy"  # the measure the position rules read
+    effects: dict = field(default_factory=dict)  # measure name -> `placement_effects` (or None), primary first
 
     @property
     def verdict(self) -> list[str]:
@@ -43,13 +51,55 @@ def _pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:.0f}%"
 
 
-def _ci(e: stats.Estimate) -> str:
-    return f"{100 * e.value:+.1f} points [{100 * e.low:+.1f}, {100 * e.high:+.1f}], p = {e.p_value:.3g}"
+def _ci(e: stats.Estimate, m: str | stats.Measure = "accuracy") -> str:
+    m = stats.measure(m)
+    return (f"{m.format(e.value, True)} {m.unit} [{m.format(e.low, True)}, {m.format(e.high, True)}], "
+            f"p = {e.p_value:.3g}")
+
+
+def position_rules(eff: dict | None, acc: dict | None, m: stats.Measure, cases: int) -> list[Rule]:
+    """The three position patterns on measure `m`'s placement effects (`eff`), gated by accuracy's (`acc`):
+    lost in the middle (the middle below each edge), and where it is not, primacy or recency (the trend over
+    depth, falling or rising).  Not testable without 2 cases and 3 placements with the gold."""
+    if eff is None:
+        why = (f"not testable: {cases} cases with the gold in the prompt at every placement (needs 2 cases and 3 "
+               "placements)")
+        fired, evidence = [None] * 3, [why] * 3
+    else:
+        first, last, trend, values = eff["first"], eff["last"], eff["trend"], acc["values"]
+        shape = (f"{m.label} by depth ({eff['note']}): " + ", ".join(
+            f"{100 * d:.0f}% {m.format(v, True)}" for d, v in zip(eff["depths"], eff["values"])) + f" {m.unit}"
+            + ("" if m.name == "accuracy" else "; accuracy, adjusted alike, " + ", ".join(_pct(v) for v in values)))
+        middle = first.low > 0 and last.low > 0 and acc["edges"] >= EDGE_MIN
+        fired = [middle, not middle and trend.high < 0 and values[0] >= EDGE_MIN,
+                 not middle and trend.low > 0 and values[-1] >= EDGE_MIN]
+        sloped = f"{shape}; trend from the first depth to the last {_ci(trend, m)} over {trend.n} cases"
+        evidence = [f"{shape}; first minus middle {_ci(first, m)}, last minus middle {_ci(last, m)}, middle penalty "
+                    f"{_ci(eff['penalty'], m)}, over {first.n} cases", sloped, sloped]
+    cut = "or cut the number of documents."
+    return [
+        Rule("position: lost in the middle (U-shape)", fired[0],
+             f"the middle is below each edge on the {m.label} (each edge minus the middle has a 95% t interval "
+             f"over cases above 0, adjusted for a conflicting neighbour) and the edges are at least "
+             f"{_pct(EDGE_MIN)} accurate", evidence[0],
+             "put the best evidence first or last (reorder, e.g. u_shape / langchain in notebook 04), repeat the "
+             "question after the documents, " + cut),
+        Rule("position: primacy (falls with depth)", fired[1],
+             f"not lost in the middle; the trend over depth on the {m.label} (least-squares slope on the gold's "
+             f"relative depth, first depth to last, adjusted for a conflicting neighbour) has a 95% t interval "
+             f"over cases below 0, and the first placement is at least {_pct(EDGE_MIN)} accurate", evidence[1],
+             "put the best evidence first (rank order), keep the prompt's start for the documents that matter, "
+             + cut),
+        Rule("position: recency (rises with depth)", fired[2],
+             f"not lost in the middle; the trend over depth on the {m.label} has a 95% t interval over cases above "
+             f"0, and the last placement is at least {_pct(EDGE_MIN)} accurate", evidence[2],
+             "put the best evidence last, next to the question (reverse rank order, notebook 04), repeat the "
+             "question after the documents, " + cut)]
 
 
 def diagnose(df, primary: str = "accuracy") -> Diagnosis:
-    """Measures, the middle penalty of every measure the records hold (`primary` first; the rules read
-    accuracy's) and the verdict rules for one model's records."""
+    """Measures, the placement effects of every measure the records hold (`primary` first; the position rules
+    read it, the others accuracy) and the verdict rules for one model's records."""
     m = measures(df)
     docs = df[df["condition"] == "documents"]
     base = docs[docs["length"] == 1]
@@ -66,23 +116,13 @@ def diagnose(df, primary: str = "accuracy") -> Diagnosis:
         "raise the context budget, compress or drop low-ranked documents before packing, or put the best-ranked "
         "documents first so truncation cuts the weakest ones."))
 
-    eff = placement_effects(ok_base)
-    penalty = eff["penalty"] if eff else None
-    position_fired = None
-    if eff is None:
-        evidence = (f"not testable: {ok_base['case_id'].nunique()} cases with the gold in the prompt at every placement "
-                    "(needs 2 cases and 3 placements)")
-    else:
-        position_fired = penalty.low > 0 and eff["edges"] >= EDGE_MIN
-        evidence = (f"middle penalty {_ci(penalty)} over {penalty.n} cases ({eff['note']}); edge accuracy "
-                    f"{_pct(eff['edges'])}, middle {_pct(eff['middle'])}")
-    rules.append(Rule(
-        "position sensitivity", position_fired,
-        f"the edges are at least {_pct(EDGE_MIN)} accurate and the middle penalty (edges minus middle, paired "
-        "over cases, adjusted for a conflicting neighbour) has a 95% t interval above 0",
-        evidence,
-        "put the best evidence first or last (reorder, e.g. u_shape / langchain in notebook 04), repeat the question "
-        "after the documents, or cut the number of documents."))
+    first = stats.primary_measure(ok_base, primary)
+    effects = {x.name: placement_effects(ok_base, x.column)
+               for x in [first] + [x for x in stats.measures_in(ok_base) if x != first]}
+    eff = effects["accuracy"]
+    position = position_rules(effects[first.name], eff, first, ok_base["case_id"].nunique())
+    rules += position
+    position_fired = any(r.fired for r in position)
 
     by_place = ok_base.groupby("placement")["correct"].mean()
     oracle_acc = float(df.loc[(df["condition"] == "oracle") & (df["status"] == "ok"), "correct"].mean())
@@ -141,11 +181,9 @@ def diagnose(df, primary: str = "accuracy") -> Diagnosis:
         "longest (paired t interval over cases), and no position sensitivity at the own length",
         evidence,
         "send fewer or shorter documents (compression, notebook 05), or use a model trained for longer contexts."))
-    first = stats.primary_measure(ok_base, primary)
-    penalties = {x.name: (eff if x.name == "accuracy" else placement_effects(ok_base, x.column))
-                 for x in [first] + [x for x in stats.measures_in(ok_base) if x != first]}
-    return Diagnosis(str(df["model"].iloc[0]) if "model" in df and len(df) else "", df, m, penalty, rules,
-                     first.name, {k: v["penalty"] if v else None for k, v in penalties.items()})
+    e = effects[first.name]
+    return Diagnosis(str(df["model"].iloc[0]) if "model" in df and len(df) else "", df, m,
+                     e["penalty"] if e else None, rules, first.name, effects)
 
 
 def compare_models(a: Diagnosis, b: Diagnosis):
