@@ -31,6 +31,14 @@ def _repeat_kv(x, groups: int):
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
+def apply_mask(scores, mask, masked: float):
+    """Attention scores under a layer's own mask, as SDPA applies it: a boolean mask keeps (the rest get
+    `masked`), a float mask adds to the logits.  `mask` broadcasts against `scores`."""
+    import torch
+
+    return scores.masked_fill(~mask, masked) if mask.dtype == torch.bool else scores + mask.float()
+
+
 def _record(module, query, key, scaling, softcap, sliding_window, mask) -> None:
     """The chosen rows' attention mass per span (and per key), formed from `chunk` rows and `chunk` keys at a
     time, in float32: a first pass over the key blocks gives each row's log-sum-exp, a second the weights.
@@ -60,8 +68,7 @@ def _record(module, query, key, scaling, softcap, sliding_window, mask) -> None:
         s = s.masked_fill(~allowed[None], float("-inf"))
         if mask is None:
             return s
-        m = mask[0][:, r, at:at + s.shape[-1]]  # [1 or head, row, key]
-        return s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+        return apply_mask(s, mask[0][:, r, at:at + s.shape[-1]], float("-inf"))  # [1 or head, row, key]
 
     for start in range(0, len(rows), chunk):
         r = rows[start:start + chunk]

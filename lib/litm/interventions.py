@@ -367,6 +367,8 @@ def _calibrate(module, query, key, value, attention_mask, scaling, softcap, pos,
     """Recompute the scored rows of `output` [batch, query, head, dim] from calibrated weights."""
     import torch
 
+    from .attention import apply_mask
+
     st = _state
     if st["rows"] is None:
         raise ConfigError("calibration knows each prompt's documents through the runner: score with "
@@ -390,8 +392,8 @@ def _calibrate(module, query, key, value, attention_mask, scaling, softcap, pos,
             allowed = torch.arange(n_k, device=s.device)[None, :] <= (n_k - n_q + rows)[:, None]
             s = s.masked_fill(~allowed[None], _LEAST)
         else:  # [1 or head, row, key]
-            m = attention_mask[b if attention_mask.shape[0] > 1 else 0][:, rows, :n_k]
-            s = s.masked_fill(~m, _LEAST) if m.dtype == torch.bool else (s + m.float()).clamp(min=_LEAST)
+            s = apply_mask(s, attention_mask[b if attention_mask.shape[0] > 1 else 0][:, rows, :n_k], _LEAST)
+            s = s.clamp(min=_LEAST)
         w = torch.softmax(s, dim=-1)  # [head, row, key]
         lab = labels[b]
         in_doc = lab >= 0
