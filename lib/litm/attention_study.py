@@ -184,8 +184,8 @@ def relevance_scores(doc_att, bias=None, layers=None, value: str = "per_token"):
     (`slot_bias`, nats), averaged over `layers`."""
     chosen = _layers(doc_att, layers)
     keys = ["example_id", "position", "doc_position", "doc_id", "is_gold"]
-    d = doc_att[doc_att["layer"].isin(chosen)]
-    s = d.groupby(keys)[value].mean().rename("vanilla").reset_index()
+    d = doc_att[doc_att["layer"].isin(chosen)].rename(columns={value: "vanilla"})
+    columns = ["vanilla"]
     if bias is not None:
         b = slot_bias(bias, by_head=False)[:, 0, :]  # [layer, position]
         layer, pos = d["layer"].to_numpy(), d["doc_position"].to_numpy()
@@ -197,9 +197,9 @@ def relevance_scores(doc_att, bias=None, layers=None, value: str = "per_token"):
             raise ConfigError(f"the bias table has no estimate for document positions {missing} in layers {chosen}; "
                               "estimate it with the same number of documents, in layers that reach every document.")
         with np.errstate(divide="ignore"):
-            d = d.assign(bias=at, calibrated=np.log(d[value].to_numpy()) - at)
-        s = s.merge(d.groupby(keys)[["bias", "calibrated"]].mean().reset_index(), on=keys)
-    return s
+            d = d.assign(bias=at, calibrated=np.log(d["vanilla"].to_numpy()) - at)
+        columns += ["bias", "calibrated"]
+    return d.groupby(keys)[columns].mean().reset_index()
 
 
 def recall_by_position(scores, ks=(1, 3)):
