@@ -37,6 +37,7 @@ def test_store_appends_and_skips_duplicates(tmp_path):
 def test_truncated_last_line_is_dropped_and_redone(tmp_path):
     s = _store(tmp_path)
     s.append({"example_id": "a", "v": 1})
+    s.close()
     with open(s.path, "a") as fh:
         fh.write('{"example_id": "b", "v"')  # a write cut short by a kill
     s2 = _store(tmp_path)
@@ -49,6 +50,7 @@ def test_truncated_last_line_is_dropped_and_redone(tmp_path):
 def test_corrupt_middle_line_and_foreign_manifest_are_errors(tmp_path):
     s = _store(tmp_path)
     s.append({"example_id": "a"})
+    s.close()
     s.path.write_text('{"example_id": "a"}\nnot json\n{"example_id": "c"}\n')
     with pytest.raises(DataError, match="records.jsonl:2"):
         _store(tmp_path)

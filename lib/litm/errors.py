@@ -21,5 +21,19 @@ class FetchError(LitmError):
     """A download failed or a downloaded file does not verify."""
 
 
+class LockedError(LitmError):
+    """Another process is writing the same results folder."""
+
+
 class StatsError(LitmError):
     """A statistic was asked of data that cannot support it (unpaired, empty, mixed configs)."""
+
+
+def check_distinct(**lists) -> None:
+    """A ConfigError naming the first list given that holds a value twice (a position, seed, depth, order or
+    budget asked for twice would score and store the same prompts twice)."""
+    for name, values in lists.items():
+        values = list(values or ())
+        twice = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if twice:
+            raise ConfigError(f"{name} lists {twice} more than once: give each value once (got {values}).")

@@ -11,7 +11,7 @@ import numpy as np
 from . import stats
 from .errors import StatsError
 from .experiment import summarize
-from .store import read_records
+from .store import read_manifest, read_records
 from .study import config_hash
 
 # Config fields that may differ between the two sides of a comparison without being said: the model goes
@@ -39,13 +39,13 @@ def load_results(paths) -> "pd.DataFrame":
         if not dirs:
             raise StatsError(f"{p}: no results (no <hash>/manifest.json below it). Pass a results folder.")
         for d in dirs:
-            manifest = json.loads((d / "manifest.json").read_text())
+            manifest = read_manifest(d)
             cfg = dict(manifest["config"])
             if cfg.get("kind", "sweep") != "sweep":
                 continue
             sweep_cfg = {k: v for k, v in cfg.items() if k not in ("condition", "position")}
             sid = config_hash(sweep_cfg)
-            for r in read_records(d / "records.jsonl")[0]:
+            for r in read_records(d / "records.jsonl", manifest.get("key", "example_id"))[0]:
                 rows.append({**r, "model": cfg.get("model"), "task": cfg.get("task"),
                              "num_docs": cfg.get("num_docs"), "config_hash": d.name, "sweep_id": sid,
                              "sweep_config": json.dumps(sweep_cfg, sort_keys=True)})

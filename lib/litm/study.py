@@ -142,23 +142,43 @@ class Study:
         """Run (or resume) every condition on a loaded model; one row per unit and condition.  Records are
         appended one at a time; an item that cannot be made fails before anything is written."""
         import pandas as pd
-        from tqdm.auto import tqdm
 
         cfg = self.config = replace(self.config, model=lm.name)  # results are named after the model used
         identity = run_identity(lm)
         base = self.run_config(identity)
         conds = self.conditions()
         units = self.units()
+        manifest = {}  # what the manifest says beyond the run config
         if getattr(cfg, "shard", None) is not None:  # one job of a split run; `litm merge` joins the jobs
             i, n = cfg.shard
+            manifest["shard"] = [i, n]
             units = units[i::n]
             if not units:
                 raise ConfigError(f"shard {i}/{n} holds no units (limit {getattr(cfg, 'limit', None)}); use fewer "
                                   "shards.")
-        stores = []
-        for c in conds:
-            rc = self.run_config(identity, c)
-            stores.append(ResultStore(cfg.results_dir, config_hash(rc), rc, lm.identity, self.key, tuple(c)))
+        configs = [self.run_config(identity, c) for c in conds]
+        opened = {}
+        try:  # each run folder is locked while its store is open (`store.ResultStore`), taken in one order by all
+            for i in sorted(range(len(conds)), key=lambda i: config_hash(configs[i])):
+                opened[i] = ResultStore(cfg.results_dir, config_hash(configs[i]), configs[i], lm.identity, self.key,
+                                        tuple(conds[i]), extra=manifest)
+            stores = [opened[i] for i in range(len(conds))]
+            self._fill(lm, conds, units, stores)
+        finally:
+            for s in reversed(opened.values()):  # the last opened first: a store that wrote nothing removes its folders
+                s.close()
+        keys = [u.id for u in units]
+        extra = {"model": cfg.model, **self.columns(), "sweep_id": config_hash(base),
+                 "sweep_config": json.dumps(base, sort_keys=True)}
+        df = pd.DataFrame([{**r, **extra, "config_hash": s.dir.name} for s in stores for r in s.records(keys)])
+        lead = [c for c in LEAD_COLUMNS if c in df.columns]
+        return df[lead + sorted(set(df.columns) - set(lead))]
+
+    def _fill(self, lm, conds: list[dict], units: list, stores: list[ResultStore]) -> None:
+        """Score and store every (condition, unit) pair the stores do not hold yet."""
+        from tqdm.auto import tqdm
+
+        cfg = self.config
         todo = [(i, u) for i in range(len(conds)) for u in units if u.id not in stores[i]]
         made = {}  # each condition's first item, made before anything is written (and then used)
         if todo:
@@ -174,12 +194,6 @@ class Study:
                     for it, rec in zip(items, self._records(lm, items)):  # the first record writes the manifest
                         store.append(rec, None if len(store) else logged_prompt(lm, it.prompt))
                         bar.update(1)
-        keys = [u.id for u in units]
-        extra = {"model": cfg.model, **self.columns(), "sweep_id": config_hash(base),
-                 "sweep_config": json.dumps(base, sort_keys=True)}
-        df = pd.DataFrame([{**r, **extra, "config_hash": s.dir.name} for s in stores for r in s.records(keys)])
-        lead = [c for c in LEAD_COLUMNS if c in df.columns]
-        return df[lead + sorted(set(df.columns) - set(lead))]
 
     def _records(self, lm, items: list[Item]) -> list[dict]:
         """Score a batch of items under the window rule; one record each."""
