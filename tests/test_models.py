@@ -55,17 +55,23 @@ def test_device_and_dtype_choice(monkeypatch):
     assert models.choose_device_dtype(torch.device("cpu"), None) == ("cpu", torch.float32)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert models.choose_device_dtype("cuda", None) == ("cuda", torch.bfloat16)
     assert models.choose_device_dtype(None, None) == ("cuda", torch.bfloat16)
     assert models.choose_device_dtype(torch.device("cuda", 1), None) == ("cuda:1", torch.bfloat16)
+    with pytest.raises(ModelError, match="torch sees 2 GPU"):
+        models.choose_device_dtype("cuda:2", None)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # a T4 or V100
     assert models.choose_device_dtype("cuda", None) == ("cuda", torch.float16)
     assert models.choose_device_dtype("cuda", "float32") == ("cuda", torch.float32)
     monkeypatch.undo()
     assert models.choose_device_dtype("cpu", "bfloat16") == ("cpu", torch.bfloat16)
-    for bad in ("float7", "nn", "Tensor"):
+    for bad in ("float7", "nn", "Tensor", "int8", "float64", "torch.int8"):
         with pytest.raises(ModelError, match="dtype"):
             models.choose_device_dtype("cpu", bad)
+    for bad in ("banana", "meta", "xpu", "cuda:x", ""):
+        with pytest.raises(ModelError, match="device"):
+            models.choose_device_dtype(bad, None)
 
 
 def test_cuda_without_a_gpu_is_a_clear_error(monkeypatch, tiny_model_dir):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .compression import METHODS, compress, plan_budget, survival
 from .data import generate_fictional_qa
-from .errors import ConfigError
+from .errors import ConfigError, check_distinct
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .ordering import gold_at
 from .prompts import Variant, render
@@ -42,6 +42,7 @@ class CompressionConfig:
     def __post_init__(self):
         for name in ("positions", "budgets", "strategies"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_distinct(positions=self.positions, budgets=self.budgets, strategies=self.strategies)
         bad = [s for s in self.strategies if s not in METHODS]
         if bad:
             raise ConfigError(f"unknown compression strategies {bad}: use {list(METHODS)}.")

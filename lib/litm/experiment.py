@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from .data import generate_fictional_qa, generate_kv, read_examples
-from .errors import ConfigError
+from .errors import ConfigError, check_distinct
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .ordering import gold_at, with_num_documents
 from .prompts import Prompt, Variant, render
@@ -49,6 +49,7 @@ class SweepConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+        check_distinct(positions=self.positions)
         if self.shard is not None:
             i, n = (int(x) for x in self.shard)
             if not 0 <= i < n:

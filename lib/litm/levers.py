@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import ConfigError, StatsError
+from .errors import ConfigError, StatsError, check_distinct
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .ordering import arrange, gold_at
 from .prompts import Variant, render
@@ -57,6 +57,7 @@ class LeverConfig:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.layers is not None:
             object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
+        check_distinct(positions=self.positions, levers=self.levers, layers=self.layers)
         bad = [x for x in self.levers if x not in LEVERS]
         if bad:
             raise ConfigError(f"unknown levers {bad}: use {list(LEVERS)}.")

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from .errors import ModelError
 
 DEFAULT_MODEL = "smollm2-135m"
+DTYPES = ("float32", "bfloat16", "float16")  # what a model may be loaded in
 
 
 @dataclass(frozen=True)
@@ -147,10 +148,13 @@ def local_weights(directory: Path) -> dict:
     for f in sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".") and p.suffix != ".md"):
         key = f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
         files[f.name] = cache[key] = cache.get(key) or file_sha256(f)
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(cache))
-    os.replace(tmp, cache_file)
+    try:  # a cache that cannot be written (read-only, shared) only costs hashing again next time
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(cache))
+        os.replace(tmp, cache_file)
+    except OSError:
+        pass
     return {"kind": "local", "files": files}
 
 
@@ -214,8 +218,12 @@ def gguf_to_safetensors(gguf: Path, cache: Path | None = None) -> Path:
     target = (cache or cache_root()) / f"{gguf.stem}-{digest[:16]}"
     if (target / "litm-source.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    except OSError as exc:
+        raise ModelError(f"{gguf.name} is converted once into the model cache, but {target.parent} cannot be "
+                         f"written ({exc.strerror or exc}); set LITM_CACHE to a writable folder.") from None
     try:
         t0 = time.perf_counter()
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -227,6 +235,11 @@ def gguf_to_safetensors(gguf: Path, cache: Path | None = None) -> Path:
         tok.save_pretrained(tmp)
         (tmp / "litm-source.json").write_text(json.dumps(
             {"gguf": str(gguf), "gguf_sha256": digest, "convert_seconds": round(time.perf_counter() - t0, 1)}))
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in tmp.iterdir():  # mkdtemp and safetensors make private files; a shared cache is read by others
+            os.chmod(f, 0o666 & ~umask)
+        os.chmod(tmp, 0o777 & ~umask)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -288,16 +301,28 @@ def choose_device_dtype(device, dtype: str | None):
     import torch
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device is None else str(device)
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda", "mps"):
+        raise ModelError(f"unknown device {device!r}: use cpu, cuda or cuda:N (or mps on a Mac).")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
         raise ModelError(f"device {device!r} asked for, but torch sees no CUDA GPU (a CPU-only torch build, or no "
                          "driver); leave the device unset to run on the CPU.")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ModelError(f"device {device!r} asked for, but torch sees {torch.cuda.device_count()} GPU(s) "
+                         f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1}).")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelError(f"device {device!r} asked for, but torch sees no Apple GPU; leave the device unset.")
     if dtype is None:
         if device.startswith("cuda"):
             dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
         else:
             dtype = "float32"
-    if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
-        raise ModelError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16.")
+    if str(dtype).removeprefix("torch.") not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}.")
+    dtype = str(dtype).removeprefix("torch.")
     return device, getattr(torch, str(dtype))
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from .attention_study import attention_scores, position_bias
 from .data import generate_fictional_qa, read_examples
-from .errors import ConfigError
+from .errors import ConfigError, check_distinct
 from .experiment import SweepConfig
 from .metrics import parse_citations
 from .models import DEFAULT_MODEL, LoadedModel, load_model
@@ -59,6 +59,7 @@ class StrategyConfig:
     def __post_init__(self):
         for name in ("strategies", "oracle_positions", "variants"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_distinct(strategies=self.strategies, oracle_positions=self.oracle_positions, variants=self.variants)
         usable = [s for s in ORDERINGS if s != "evidence_first"]
         bad = [s for s in self.strategies if s not in usable]
         if bad:

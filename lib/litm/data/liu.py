@@ -15,30 +15,52 @@ from ..errors import DataError
 from ..types import Document, Example
 
 
-def _check_file(path: Path) -> None:
+FETCH_HINT = "The file may be truncated or corrupt: fetch it again (`python -m litm fetch liu2023`)."
+
+
+def _check_file(path: Path, missing: str = "Run `python -m litm fetch liu2023` or pass the right path.") -> None:
     if not path.is_file():
-        raise DataError(f"{path}: no such file. Run `python -m litm fetch liu2023` or pass the right path.")
+        raise DataError(f"{path}: no such file. {missing}")
 
 
-def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, object) for each non-blank line; a bad line is a DataError naming it."""
-    path = Path(path)
-    _check_file(path)
+def check_unicode(obj, where: str) -> None:
+    """A DataError when text in `obj` is not valid Unicode: a lone surrogate (JSON such as "\\ud800", left by text
+    cut in half) cannot be tokenized.  Refused, not cleaned: cleaning would change what the model is shown."""
     try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
+        json.dumps(obj, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start:exc.end].encode("unicode_escape").decode()
+        raise DataError(f"{where}: holds text that is not valid Unicode (a lone surrogate {bad}, from text cut in "
+                        "half); fix or remove it.") from None
+
+
+def iter_json_lines(path: str | Path, hint: str = FETCH_HINT,
+                    missing: str = "Run `python -m litm fetch liu2023` or pass the right path.") -> Iterator[tuple[int, dict]]:
+    """Yield (line number, object) for each non-blank line; a bad line (not UTF-8, not JSON, not an object,
+    text that is not valid Unicode) is a DataError naming it, ending with `hint` where the file may be cut."""
+    path = Path(path)
+    _check_file(path, missing)
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not UTF-8 (byte {raw[exc.start]:#04x} at column "
+                                    f"{exc.start + 1}); save the file as UTF-8. {hint}") from None
                 if not line.strip():
                     continue
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}). "
-                                    "The file may be truncated: fetch it again.") from None
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}). {hint}") from None
                 if not isinstance(obj, dict):
                     raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}.")
+                if "\\ud" in line.lower():  # a \\uXXXX escape in the surrogate range: check the text
+                    check_unicode(obj, f"{path}:{lineno}")
                 yield lineno, obj
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot be read ({exc}). The file may be corrupt: fetch it again.") from None
+    except (OSError, EOFError) as exc:
+        raise DataError(f"{path}: cannot be read ({exc}). {hint}") from None
 
 
 def _require(obj: dict, field: str, kind: type, where: str):
@@ -148,6 +170,7 @@ def stream_examples(path: str | Path, task: str, limit: int | None = None) -> It
     def numbered():
         try:
             for i, obj in enumerate(ds, 1):
+                check_unicode(obj, f"{path} record {i}")
                 yield f"{path} record {i}", obj
         except Exception as exc:  # pyarrow/json errors differ between versions
             raise DataError(f"{path}: cannot be parsed as JSON lines ({exc}).") from None

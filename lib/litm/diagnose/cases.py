@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from ..data.generate import ADVERSARIAL_KINDS
+from ..data.liu import check_unicode
 from ..errors import ConfigError, DataError
 from ..metrics import normalize_answer
 from ..types import Document, Example
@@ -78,13 +79,17 @@ def read_cases(source, limit: int | None = None) -> list[Example]:
     if isinstance(source, (str, Path)):
         from ..data.liu import iter_json_lines
 
-        rows: Iterable = ((f"{source}:{lineno}", obj) for lineno, obj in iter_json_lines(source))
+        rows: Iterable = ((f"{source}:{lineno}", obj) for lineno, obj in iter_json_lines(
+            source, hint="Fix that line of your cases file.", missing="Give the path of your cases file (JSONL)."))
     else:
         rows = ((f"row {i + 1}", obj) for i, obj in enumerate(source))
     out, ids = [], set()
     for i, (where, obj) in enumerate(rows):
         if limit is not None and len(out) >= limit:
             break
+        if not isinstance(obj, Mapping):
+            raise DataError(f"{where}: expected a case (an object), got {type(obj).__name__}.")
+        check_unicode(dict(obj), where)
         case = case_from_record(obj, where, i)
         if case.id in ids:
             raise DataError(f"{where}: case id {case.id!r} appears twice; ids must be unique.")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..data.generate import ADVERSARIAL_KINDS
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, check_distinct
 from ..models import DEFAULT_MODEL
 from ..prompts import Variant, check_template
 from ..types import Document, Example
@@ -122,10 +122,13 @@ class DiagnoseConfig:
     def __post_init__(self):
         for name in ("depths", "seeds", "lengths", "adversarial"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_distinct(depths=self.depths, seeds=self.seeds, lengths=self.lengths, adversarial=self.adversarial)
         if not self.depths or any(not 0 <= d <= 1 for d in self.depths) or list(self.depths) != sorted(set(self.depths)):
             raise ConfigError(f"depths must be increasing fractions in [0, 1], got {self.depths}.")
         if not self.seeds or not self.lengths or min(self.lengths) < 1 or self.lengths[0] != 1:
             raise ConfigError("seeds and lengths need at least one value; lengths start at 1 (the case as it is).")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be at least 1 (got {self.limit}); use None for all cases.")
         if self.orders is not None and self.orders < 1:
             raise ConfigError(f"orders must be at least 1 (or None for the full Latin square), got {self.orders}.")
         bad = [k for k in self.adversarial if k not in ADVERSARIAL_KINDS]
