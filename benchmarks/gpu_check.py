@@ -188,7 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", default=None, help="also write the report as markdown to this file")
     args = ap.parse_args(argv)
 
-    import torch
+    try:
+        import torch
+        import transformers  # noqa: F401  (the check needs both)
+    except ImportError as exc:
+        print(f"gpu-check: {sys.executable} has no {exc.name}; run it with a Python that has torch and transformers: "
+              "make gpu-check PYTHON=/path/to/python", file=sys.stderr)
+        return 2
 
     from litm.attention import profile
     from litm.runner import _left_pad

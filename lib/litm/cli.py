@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from .errors import LitmError
+from .errors import ConfigError, LitmError
 
 
 def _numbers(kind):
@@ -20,6 +22,19 @@ def _numbers(kind):
     return parse
 
 
+def _count(text: str) -> int | None:
+    """An argparse type: a positive integer, or "all" (None)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}")
+    return n
+
+
 def _shard(text: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
@@ -30,8 +45,15 @@ def _shard(text: str) -> tuple[int, int]:
     raise argparse.ArgumentTypeError(f"a shard is i/n with 0 <= i < n, e.g. 0/4; got {text!r}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake as one line of ours (exit code 2) instead of the usage text."""
+
+    def error(self, message):
+        raise ConfigError(f"{self.prog}: {message} (see `{self.prog} --help`).")
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m litm", description=__doc__)
+    ap = _Parser(prog="python -m litm", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
 
     f = sub.add_parser("fetch", help="download a public data set (needs internet)")
@@ -46,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--docs", type=int, default=10, help="documents (QA) or key-value pairs (KV) per prompt")
     s.add_argument("--positions", type=_numbers(int), default=(0, 4, 9), help="0-based gold positions, e.g. 0,4,9")
     s.add_argument("--scoring", choices=["generate", "loglik", "choice"], default="choice")
-    s.add_argument("--limit", type=int, default=50, help="number of examples")
+    s.add_argument("--limit", type=_count, default=50, help="number of examples (or 'all' for a data file)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--no-closedbook", dest="closedbook", action="store_false")
     s.add_argument("--no-oracle", dest="oracle", action="store_false")
@@ -99,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--adversarial", default="", help="add conflicting copies of each gold: outdated,other_region,contradicting")
     d.add_argument("--max-prompt-tokens", type=int, default=None, help="your pipeline's budget (documents packed in order)")
     d.add_argument("--no-cite", dest="cite", action="store_false", help="our template: do not ask for citations")
-    d.add_argument("--limit", type=int, default=None, help="the first N cases")
+    d.add_argument("--limit", type=_count, default=None, help="the first N cases (default: all)")
     d.add_argument("--max-new-tokens", type=int, default=32)
     d.add_argument("--batch-size", type=int, default=4)
     d.add_argument("--results", default="results/diagnose")
@@ -117,56 +139,155 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def writable(path: str | Path, flag: str) -> None:
+    """A LitmError unless files can be made in the folder `path` (or in the folder it would be made in): checked
+    before a model loads, so that a run never scores what it cannot store."""
+    path = Path(path)
+    near = next(q for q in (path, *path.parents) if q.exists() or q == Path(q.anchor))
+    if not near.is_dir():
+        raise ConfigError(f"{flag} {path}: {near} is a file, not a folder; give a folder.")
     try:
-        if args.command == "fetch":
-            from .data.fetch import fetch_liu2023
+        fd, name = tempfile.mkstemp(dir=near, prefix=".litm-write-check-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot write in {near} ({exc.strerror or exc}); give a folder you can "
+                          "write to.") from None
 
-            paths = fetch_liu2023(args.dest, base_url=args.url)
-            print(f"{len(paths)} files in {args.dest}")
-            return 0
-        if args.command == "report":
-            from .report import write_report
 
-            out = write_report(args.results, args.out, primary=args.primary)
-            print(out["markdown"])
-            print(f"wrote {Path(args.out) / 'report.md'}, {Path(args.out) / 'report.tex'}, {out['csv']} and "
-                  f"{len(out['figures'])} figure files")
-            return 0
-        if args.command == "install-models":
-            from .models import install_models
+def _cache_checked() -> None:
+    """The model cache (LITM_CACHE) must be a folder or not yet exist; it is written only when a model is
+    converted or hashed for the first time, so a read-only cache that holds the model is fine."""
+    from .models import cache_root
 
-            for cmd in install_models(dry_run=args.dry_run):
-                print(" ".join(cmd))
-            return 0
-        if args.command == "merge":
-            from .store import merge
+    root = cache_root().parent
+    near = next(q for q in (root, *root.parents) if q.exists() or q == Path(q.anchor))
+    if not near.is_dir():
+        raise ConfigError(f"LITM_CACHE {root}: {near} is a file, not a folder; point LITM_CACHE at a folder.")
 
-            counts = merge(args.sources, args.out)
-            print(f"merged {len(counts)} runs into {args.out}: " +
-                  ", ".join(f"{h} ({n} records)" for h, n in sorted(counts.items())))
-            return 0
-        if args.command == "diagnose":
-            return _diagnose(args)
-        if args.command == "compare":
-            from .report import compare
 
-            result = compare(args.a, args.b, different_configs=args.different_configs, measure=args.measure)
-            print(result.text)
-            return 1 if result.verdict == "regression" else 0
-        from .experiment import SweepConfig, load_backend, summarize, sweep
+def _device_checked(args) -> None:
+    from .models import choose_device_dtype
 
-        cfg = SweepConfig(task=args.task, data=args.data, model=args.model, num_docs=args.docs,
-                          positions=args.positions, closedbook=args.closedbook, oracle=args.oracle,
-                          scoring=args.scoring, query_aware=args.query_aware, template=args.template,
-                          chat={"auto": None, "yes": True, "no": False}[args.chat], limit=args.limit,
-                          seed=args.seed, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                          results_dir=(str(Path(args.results) / f"shard-{args.shard[0]}-of-{args.shard[1]}")
-                                       if args.shard else args.results), shard=args.shard,
-                          backend=args.backend, tensor_parallel=args.tensor_parallel)
-        lm = load_backend(cfg, device=args.device, dtype=args.dtype)
-        df = sweep(cfg, lm)
+    if getattr(args, "backend", "transformers") == "transformers":
+        choose_device_dtype(args.device, args.dtype)
+    elif args.dtype is not None:
+        from .models import DTYPES
+
+        if args.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {args.dtype!r}: use {', '.join(DTYPES)}.")
+
+
+def _os_error(exc: OSError) -> str:
+    where = f" {exc.filename}" if exc.filename else ""
+    return (f"{exc.strerror or exc}:{where}. Check that the path exists and that you can write there (--results, "
+            "--out, LITM_CACHE), or give another.")
+
+
+def prepare(argv: list[str] | None = None):
+    """Parse and check a command line without loading a model or writing anything: returns the work to do
+    (a function of no arguments returning the exit code).  Bad input raises LitmError (argparse exits)."""
+    args = _parser().parse_args(argv)
+    command = {"fetch": _fetch, "report": _report, "install-models": _install, "merge": _merge,
+               "diagnose": _diagnose, "compare": _compare, "sweep": _sweep}[args.command]
+    return command(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; every error a user can cause is one line on stderr and exit code 2."""
+    try:
+        return prepare(argv)()
+    except LitmError as exc:
+        message = str(exc)
+    except OSError as exc:
+        message = _os_error(exc)
+    except UnicodeError as exc:
+        message = f"text that is not valid Unicode ({exc}); check the input files and arguments."
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _fetch(args):
+    from .data.fetch import fetch_liu2023
+
+    writable(args.dest, "--dest")
+
+    def work():
+        paths = fetch_liu2023(args.dest, base_url=args.url)
+        print(f"{len(paths)} files in {args.dest}")
+        return 0
+    return work
+
+
+def _report(args):
+    from .report import load_results, write_report
+
+    load_results(args.results)  # unreadable results fail before anything is written
+    writable(args.out, "--out")
+
+    def work():
+        out = write_report(args.results, args.out, primary=args.primary)
+        print(out["markdown"])
+        print(f"wrote {Path(args.out) / 'report.md'}, {Path(args.out) / 'report.tex'}, {out['csv']} and "
+              f"{len(out['figures'])} figure files")
+        return 0
+    return work
+
+
+def _install(args):
+    from .models import install_models
+
+    def work():
+        for cmd in install_models(dry_run=args.dry_run):
+            print(" ".join(cmd))
+        return 0
+    return work
+
+
+def _merge(args):
+    from .store import merge
+
+    writable(args.out, "--out")
+
+    def work():
+        counts = merge(args.sources, args.out)
+        print(f"merged {len(counts)} runs into {args.out}: " +
+              ", ".join(f"{h} ({n} records)" for h, n in sorted(counts.items())))
+        return 0
+    return work
+
+
+def _compare(args):
+    from .report import compare
+
+    def work():
+        result = compare(args.a, args.b, different_configs=args.different_configs, measure=args.measure)
+        print(result.text)
+        return 1 if result.verdict == "regression" else 0
+    return work
+
+
+def _sweep(args):
+    from .experiment import Sweep, SweepConfig, load_backend, summarize
+
+    cfg = SweepConfig(task=args.task, data=args.data, model=args.model, num_docs=args.docs,
+                      positions=args.positions, closedbook=args.closedbook, oracle=args.oracle,
+                      scoring=args.scoring, query_aware=args.query_aware, template=args.template,
+                      chat={"auto": None, "yes": True, "no": False}[args.chat], limit=args.limit,
+                      seed=args.seed, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                      results_dir=(str(Path(args.results) / f"shard-{args.shard[0]}-of-{args.shard[1]}")
+                                   if args.shard else args.results), shard=args.shard,
+                      backend=args.backend, tensor_parallel=args.tensor_parallel)
+    study = Sweep(cfg)
+    study.units()  # the data is read and checked before a model loads
+    writable(cfg.results_dir, "--results")
+    if args.figure:
+        writable("figures", "--figure")
+    _cache_checked()
+    _device_checked(args)
+
+    def work():
+        df = study.run(load_backend(cfg, device=args.device, dtype=args.dtype))
         print(summarize(df).to_string(index=False))
         if args.figure:
             from .plots import position_curve, save_figure
@@ -174,12 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             for p in save_figure(position_curve(df, title=f"{cfg.task} - {cfg.model}"), args.figure):
                 print(f"wrote {p}")
         return 0
-    except LitmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return work
 
 
-def _diagnose(args) -> int:
+def _diagnose(args):
     from . import diagnose as dg
     from .models import load_model
 
@@ -190,15 +309,25 @@ def _diagnose(args) -> int:
                             max_new_tokens=args.max_new_tokens, limit=args.limit, batch_size=args.batch_size,
                             results_dir=args.results)
     cases = dg.read_cases(args.cases)  # bad input fails before a model loads
-    diagnoses = []
-    for name in [args.model] + ([args.second_model] if args.second_model else []):
-        df = dg.run(replace(cfg, model=name), load_model(name, device=args.device, dtype=args.dtype), cases)
-        diagnoses.append(dg.diagnose(df, args.primary or ("margin" if args.scoring == "choice" else "accuracy")))
-    comparison = dg.compare_models(*diagnoses) if len(diagnoses) == 2 else None
-    out = dg.write_report(diagnoses, cfg, args.out, comparison)
-    print(out["markdown"])
-    print(f"wrote {out['path']} and {len(out['figures'])} figure files")
-    return 0
+    studies = [dg.DiagnoseStudy(replace(cfg, model=name), cases)
+               for name in [args.model] + ([args.second_model] if args.second_model else [])]
+    for study in studies:
+        study.units()
+    writable(args.results, "--results")
+    writable(args.out, "--out")
+    _cache_checked()
+    _device_checked(args)
+    primary = args.primary or ("margin" if args.scoring == "choice" else "accuracy")
+
+    def work():
+        diagnoses = [dg.diagnose(st.run(load_model(st.config.model, device=args.device, dtype=args.dtype)), primary)
+                     for st in studies]
+        comparison = dg.compare_models(*diagnoses) if len(diagnoses) == 2 else None
+        out = dg.write_report(diagnoses, cfg, args.out, comparison)
+        print(out["markdown"])
+        print(f"wrote {out['path']} and {len(out['figures'])} figure files")
+        return 0
+    return work
 
 
 if __name__ == "__main__":
