@@ -52,3 +52,19 @@ def test_gemma3_270m_loads_from_its_chunk_packages(tmp_path):
                       limit=2, results_dir=str(tmp_path), progress=False)
     df = sweep(cfg, lm)
     assert df.correct.all(), "with only the gold document, the gold answer ranks first"
+
+
+def test_the_converted_model_is_readable_by_others_in_a_shared_cache(tmp_path):
+    """The conversion is made in a private temporary folder; once in place it takes the mode the umask gives
+    (0755 under umask 022), so a cache shared by a group is not private to whoever filled it."""
+    import os
+
+    from litm.models import gguf_to_safetensors
+
+    before = os.umask(0o022)
+    try:
+        target = gguf_to_safetensors(registry_gguf("smollm2-135m"), cache=tmp_path)
+    finally:
+        os.umask(before)
+    assert target.stat().st_mode & 0o777 == 0o755
+    assert all(f.stat().st_mode & 0o044 == 0o044 for f in target.iterdir())
