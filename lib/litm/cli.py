@@ -139,11 +139,16 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _nearest(path: Path) -> Path:
+    """`path` itself, or the nearest of its parents that exists: where it would be made."""
+    return next(q for q in (path, *path.parents) if q.exists() or q == Path(q.anchor))
+
+
 def writable(path: str | Path, flag: str) -> None:
-    """A LitmError unless files can be made in the folder `path` (or in the folder it would be made in): checked
-    before a model loads, so that a run never scores what it cannot store."""
+    """A ConfigError unless files can be made in the folder `path` (or in the folder it would be made in):
+    checked before a model loads, so that a run never scores what it cannot store."""
     path = Path(path)
-    near = next(q for q in (path, *path.parents) if q.exists() or q == Path(q.anchor))
+    near = _nearest(path)
     if not near.is_dir():
         raise ConfigError(f"{flag} {path}: {near} is a file, not a folder; give a folder.")
     try:
@@ -161,7 +166,7 @@ def _cache_checked() -> None:
     from .models import cache_root
 
     root = cache_root().parent
-    near = next(q for q in (root, *root.parents) if q.exists() or q == Path(q.anchor))
+    near = _nearest(root)
     if not near.is_dir():
         raise ConfigError(f"LITM_CACHE {root}: {near} is a file, not a folder; point LITM_CACHE at a folder.")
 
@@ -186,7 +191,8 @@ def _os_error(exc: OSError) -> str:
 
 def prepare(argv: list[str] | None = None):
     """Parse and check a command line without loading a model or writing anything: returns the work to do
-    (a function of no arguments returning the exit code).  Bad input raises LitmError (argparse exits)."""
+    (a function of no arguments returning the exit code).  Bad input, a usage mistake included, raises
+    LitmError; only --help exits."""
     args = _parser().parse_args(argv)
     command = {"fetch": _fetch, "report": _report, "install-models": _install, "merge": _merge,
                "diagnose": _diagnose, "compare": _compare, "sweep": _sweep}[args.command]

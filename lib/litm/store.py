@@ -43,6 +43,7 @@ except ImportError:  # Windows (not tested here): a lock on the file's first byt
             return False
         return True
 
+
 def environment() -> dict:
     """Package versions, Python, platform and the git commit of the working tree (when there is one)."""
     versions = {}

@@ -16,9 +16,10 @@ from ..types import Document, Example
 
 
 FETCH_HINT = "The file may be truncated or corrupt: fetch it again (`python -m litm fetch liu2023`)."
+FETCH_MISSING = "Run `python -m litm fetch liu2023` or pass the right path."
 
 
-def _check_file(path: Path, missing: str = "Run `python -m litm fetch liu2023` or pass the right path.") -> None:
+def _check_file(path: Path, missing: str = FETCH_MISSING) -> None:
     if not path.is_file():
         raise DataError(f"{path}: no such file. {missing}")
 
@@ -34,8 +35,7 @@ def check_unicode(obj, where: str) -> None:
                         "half); fix or remove it.") from None
 
 
-def iter_json_lines(path: str | Path, hint: str = FETCH_HINT,
-                    missing: str = "Run `python -m litm fetch liu2023` or pass the right path.") -> Iterator[tuple[int, dict]]:
+def iter_json_lines(path: str | Path, hint: str = FETCH_HINT, missing: str = FETCH_MISSING) -> Iterator[tuple[int, dict]]:
     """Yield (line number, object) for each non-blank line; a bad line (not UTF-8, not JSON, not an object,
     text that is not valid Unicode) is a DataError naming it, ending with `hint` where the file may be cut."""
     path = Path(path)
