@@ -320,10 +320,15 @@ def choose_device_dtype(device, dtype: str | None):
             dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
         else:
             dtype = "float32"
-    if str(dtype).removeprefix("torch.") not in DTYPES:
+    return device, getattr(torch, dtype_name(dtype))
+
+
+def dtype_name(dtype) -> str:
+    """One of `DTYPES` by name ("bfloat16" or torch.bfloat16); anything else is a ModelError."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}.")
-    dtype = str(dtype).removeprefix("torch.")
-    return device, getattr(torch, str(dtype))
+    return name
 
 
 def synchronize(device) -> None:

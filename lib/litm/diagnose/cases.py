@@ -70,6 +70,14 @@ def case_from_record(obj: Mapping, where: str, index: int) -> Example:
     return Example(case_id, question, answers, tuple(docs), "qa", {"source": where})
 
 
+def _checked_row(obj, where: str) -> Mapping:
+    """A row given in memory: an object whose text is valid Unicode (`iter_json_lines` checks a file's lines)."""
+    if not isinstance(obj, Mapping):
+        raise DataError(f"{where}: expected a case (an object), got {type(obj).__name__}.")
+    check_unicode(dict(obj), where)
+    return obj
+
+
 def read_cases(source, limit: int | None = None) -> list[Example]:
     """Cases from a JSONL file (one case per line) or any iterable of mappings, e.g. a `datasets.Dataset`.
 
@@ -81,15 +89,12 @@ def read_cases(source, limit: int | None = None) -> list[Example]:
 
         rows: Iterable = ((f"{source}:{lineno}", obj) for lineno, obj in iter_json_lines(
             source, hint="Fix that line of your cases file.", missing="Give the path of your cases file (JSONL)."))
-    else:
-        rows = ((f"row {i + 1}", obj) for i, obj in enumerate(source))
+    else:  # rows of a table or list: checked here as the file reader checks each line
+        rows = ((f"row {i + 1}", _checked_row(obj, f"row {i + 1}")) for i, obj in enumerate(source))
     out, ids = [], set()
     for i, (where, obj) in enumerate(rows):
         if limit is not None and len(out) >= limit:
             break
-        if not isinstance(obj, Mapping):
-            raise DataError(f"{where}: expected a case (an object), got {type(obj).__name__}.")
-        check_unicode(dict(obj), where)
         case = case_from_record(obj, where, i)
         if case.id in ids:
             raise DataError(f"{where}: case id {case.id!r} appears twice; ids must be unique.")
