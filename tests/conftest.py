@@ -11,6 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))  # also works before `pip install -e .`
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# The CPU default dtype depends on the CPU (bfloat16 where it has the units, litm.models.cpu_dtype); the tests pin
+# float32 so their numbers mean the same on every machine, and tests/test_models.py checks the choice by patching.
+os.environ.setdefault("LITM_CPU_DTYPE", "float32")
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")

@@ -168,3 +168,48 @@ def test_a_bfloat16_tie_with_the_gold_goes_by_the_tie_rule(model_dir, device):
     assert won.gold_margin == pytest.approx(step, abs=2e-6)
     lost = runner.choice(lm, [prompt], [texts], [1])[0]
     assert (lost.gold_rank, lost.correct, lost.chosen) == (2, False, 0)
+
+
+LOGIT_SCALE = 20.0  # the tiny models' head multiplied, so their logits are as large as a trained model's (10-30)
+
+
+def _scaled(directory, dtype, noise: float = 0.0):
+    """A tiny model in `dtype` with a trained model's logit scale; `noise` perturbs every weight by that relative
+    amount (a planted fault: weights that are not the model's)."""
+    lm = load_model(directory, device="cpu", dtype=dtype, reuse=False)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        lm.model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
+        for p in lm.model.parameters() if noise else ():
+            p.add_((torch.randn(p.shape, generator=gen) * noise).to(p.dtype) * p)
+    return lm
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_float32_and_bfloat16_records_agree_within_the_dtype_bound(tmp_path_factory, arch):
+    """Point 3 of the CPU bfloat16 default: every record's margin and gold log-likelihood moves between float32
+    and bfloat16 by at most `runner.dtype_bound` of its prompt length, and decisions whose float32 margin is
+    beyond the bound are equal.  A planted fault, weights moved by 15% (a wrong conversion), breaks it."""
+    d = str(build_tiny_model(tmp_path_factory.mktemp(f"dtype-{arch}"), arch=arch))
+    exs = generate_fictional_qa(8, 8, seed=4, sentences_per_doc=2)
+    f32 = _scaled(d, "float32")
+    prompts = [render(gold_at(e, (3 * i) % 8), f32.tokenizer, Variant()) for i, e in enumerate(exs)]
+    cands = [runner.candidates(e) for e in exs]
+
+    def scored(lm):
+        return runner.choice(lm, prompts, [c[0] for c in cands], [c[1] for c in cands], batch_size=4)
+
+    def bound(x, p, margin=True):
+        return runner.dtype_bound(len(p.input_ids), max(abs(x.gold_loglik), abs(x.gold_loglik - x.gold_margin))
+                                  if margin else x.gold_loglik)
+
+    def worst(a, b):
+        return max(max(abs(x.gold_margin - y.gold_margin) / bound(x, p), abs(x.gold_loglik - y.gold_loglik)
+                       / bound(x, p, margin=False)) for x, y, p in zip(a, b, prompts))
+    ref, bf16 = scored(f32), scored(_scaled(d, "bfloat16"))
+    assert np.ptp([s.gold_margin for s in ref]) > 4 * max(bound(x, p) for x, p in zip(ref, prompts))  # not vacuous
+    assert worst(ref, bf16) <= 1
+    for x, y, p in zip(ref, bf16, prompts):
+        if abs(x.gold_margin) > bound(x, p):
+            assert x.gold_rank == y.gold_rank
+    assert worst(ref, scored(_scaled(d, "float32", noise=0.15))) > 1

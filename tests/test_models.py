@@ -74,6 +74,83 @@ def test_device_and_dtype_choice(monkeypatch):
             models.choose_device_dtype(bad, None)
 
 
+@pytest.fixture
+def cpu_choice(monkeypatch):
+    """The CPU dtype choice unpinned (conftest pins float32) and not yet made in this process."""
+    monkeypatch.delenv("LITM_CPU_DTYPE", raising=False)
+    monkeypatch.setattr(models, "_CPU_DTYPE", None)
+    return monkeypatch
+
+
+def _units(monkeypatch, amx=False, avx512_bf16=False):
+    import torch
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+
+
+def test_a_cpu_without_bfloat16_units_keeps_float32_and_measures_nothing(cpu_choice):
+    import torch
+
+    _units(cpu_choice)
+    cpu_choice.setattr(models, "bfloat16_speedup", lambda *a, **k: pytest.fail("measured without the units"))
+    assert models.cpu_bfloat16_units() is None
+    assert models.choose_device_dtype("cpu", None) == ("cpu", torch.float32)
+    assert models.cpu_dtype()[1].startswith("no bfloat16 matrix units")
+
+
+@pytest.mark.parametrize("amx, avx512_bf16, speedup, expected", [
+    (True, True, 3.2, "bfloat16"),  # a Sapphire Rapids-class CPU where the units pay
+    (False, True, 1.6, "bfloat16"),
+    (True, False, 1.2, "float32"),  # units, but a prompt-sized product gains too little
+    (False, True, 0.4, "float32"),
+])
+def test_a_cpu_with_bfloat16_units_chooses_by_measured_speed(cpu_choice, amx, avx512_bf16, speedup, expected):
+    import torch
+
+    _units(cpu_choice, amx, avx512_bf16)
+    calls = []
+    cpu_choice.setattr(models, "bfloat16_speedup", lambda *a, **k: calls.append(1) or speedup)
+    assert models.choose_device_dtype("cpu", None) == ("cpu", getattr(torch, expected))
+    assert models.choose_device_dtype("cpu", None)[1] == getattr(torch, expected)
+    assert calls == [1]  # measured once per process
+    reason = models.cpu_dtype()[1]
+    assert f"{speedup:.2f}x" in reason and ("AMX" in reason) == amx and ("AVX512-BF16" in reason) == avx512_bf16
+    assert models.choose_device_dtype("cpu", "float32")[1] == torch.float32  # a dtype asked for is kept
+    cpu_choice.setenv("LITM_CPU_DTYPE", "float32" if expected == "bfloat16" else "bfloat16")
+    assert models.choose_device_dtype("cpu", None)[1] != getattr(torch, expected)
+    cpu_choice.setenv("LITM_CPU_DTYPE", "int8")
+    with pytest.raises(ModelError, match="dtype"):
+        models.cpu_dtype()
+
+
+def test_an_arm_cpu_reports_its_bfloat16_extension(cpu_choice):
+    import torch
+
+    _units(cpu_choice)
+    cpu_choice.setattr("platform.machine", lambda: "aarch64")
+    for has in (True, False):
+        cpu_choice.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: has)
+        assert models.cpu_bfloat16_units() == ("Arm BF16" if has else None)
+
+
+def test_the_chosen_cpu_dtype_is_in_the_run_identity_and_the_manifest(cpu_choice, tiny_model_dir):
+    _units(cpu_choice, amx=True)
+    cpu_choice.setattr(models, "bfloat16_speedup", lambda *a, **k: 3.0)
+    lm = load_model(str(tiny_model_dir), device="cpu", reuse=False)
+    assert models.run_identity(lm)["dtype"] == "bfloat16" and "3.00x" in lm.identity["dtype_choice"]
+    assert "dtype_choice" not in load_model(str(tiny_model_dir), device="cpu", dtype="bfloat16", reuse=False).identity
+
+
+def test_the_speed_check_measures_this_cpu():
+    """A real measurement: emulated bfloat16 (no units) is slower, real units faster; either way a finite ratio."""
+    import math
+
+    ratio = models.bfloat16_speedup((64, 64, 64), repeats=3)
+    assert math.isfinite(ratio) and ratio > 0
+
+
 def test_cuda_without_a_gpu_is_a_clear_error(monkeypatch, tiny_model_dir):
     import torch
 

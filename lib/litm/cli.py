@@ -85,9 +85,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="vllm: generation through vLLM (pip install vllm; needs --scoring generate)")
     s.add_argument("--tensor-parallel", type=int, default=1, help="vllm: GPUs to split the model across")
     s.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
-    s.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on a CPU; on a "
-                                                 "GPU bfloat16 where it has it, else float16); bfloat16 runs on a "
-                                                 "CPU too")
+    s.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: on a GPU bfloat16 where "
+                                                 "it has it, else float16; on a CPU bfloat16 where its bfloat16 "
+                                                 "units pay, else float32: litm.models.cpu_dtype)")
 
     r = sub.add_parser("report", help="markdown, LaTeX and CSV tables, tests and figures from stored results")
     r.add_argument("results", nargs="+", help="results folders (a run folder or a folder of them)")

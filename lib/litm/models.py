@@ -296,7 +296,8 @@ def resolve(name: str) -> tuple[str, dict]:
 
 def choose_device_dtype(device, dtype: str | None):
     """CUDA when available (sharded across GPUs), else the CPU; bfloat16 on a GPU that has it, float16 on one
-    that does not (a T4, a V100), float32 on the CPU; all overridable.  `device` may be a string or a
+    that does not (a T4, a V100), on the CPU what `cpu_dtype` chooses (bfloat16 only where the CPU has the units
+    and they pay); all overridable.  `device` may be a string or a
     `torch.device`; the device comes back as a string."""
     import torch
 
@@ -318,9 +319,74 @@ def choose_device_dtype(device, dtype: str | None):
     if dtype is None:
         if device.startswith("cuda"):
             dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        elif parsed.type == "cpu":
+            dtype = cpu_dtype()[0]
         else:
             dtype = "float32"
     return device, getattr(torch, dtype_name(dtype))
+
+
+BF16_MIN_SPEEDUP = 1.5  # bfloat16 is the CPU default only where it multiplies a prompt-sized product this much
+BF16_CHECK_SHAPE = (1024, 576, 1536)  # rows (a notebook prompt's tokens) x SmolLM2-135M's MLP projection
+_CPU_DTYPE: tuple[str, str] | None = None
+
+
+def cpu_bfloat16_units() -> str | None:
+    """The bfloat16 matrix units torch can use on this CPU ("AMX", "AVX512-BF16", "Arm BF16"), None without:
+    there torch emulates bfloat16 products, which on a 2-core AVX2 CPU ran 60-80x slower than float32."""
+    import platform
+
+    import torch
+
+    found = [name for name, check in (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
+             if getattr(torch.cpu, check, lambda: False)()]
+    if not found and platform.machine().lower() in ("arm64", "aarch64") and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        found.append("Arm BF16")  # oneDNN's check on Arm is the CPU's BF16 extension
+    return " + ".join(found) or None
+
+
+def bfloat16_speedup(shape: tuple[int, int, int] = BF16_CHECK_SHAPE, repeats: int = 5) -> float:
+    """float32 time over bfloat16 time for one (rows x k) @ (k x n) product, interleaved, medians of `repeats`."""
+    import statistics
+
+    import torch
+
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(0)
+    pairs = {dt: (torch.randn(m, k, generator=gen).to(dt), torch.randn(k, n, generator=gen).to(dt))
+             for dt in (torch.float32, torch.bfloat16)}
+    times: dict = {dt: [] for dt in pairs}
+    for i in range(repeats + 1):  # the first round warms up
+        for dt, (a, b) in pairs.items():
+            t0 = time.perf_counter()
+            a @ b
+            if i:
+                times[dt].append(time.perf_counter() - t0)
+    return statistics.median(times[torch.float32]) / statistics.median(times[torch.bfloat16])
+
+
+def cpu_dtype() -> tuple[str, str]:
+    """The CPU default dtype and why: bfloat16 where the CPU has bfloat16 matrix units and a prompt-sized product
+    runs at least `BF16_MIN_SPEEDUP` times faster in it (measured once per process), float32 otherwise.
+    `LITM_CPU_DTYPE` (float32 or bfloat16) overrides both.  Decisions are taken from float32 logits either way
+    (`runner.float32_logits`)."""
+    global _CPU_DTYPE
+    forced = os.environ.get("LITM_CPU_DTYPE")
+    if forced:
+        return dtype_name(forced), f"LITM_CPU_DTYPE={forced}"
+    if _CPU_DTYPE is None:
+        import torch
+
+        units = cpu_bfloat16_units()
+        if units is None:
+            _CPU_DTYPE = ("float32", f"no bfloat16 matrix units (torch: {torch.backends.cpu.get_cpu_capability()})")
+        else:
+            ratio = bfloat16_speedup()
+            shape = "x".join(map(str, BF16_CHECK_SHAPE))
+            _CPU_DTYPE = ("bfloat16" if ratio >= BF16_MIN_SPEEDUP else "float32",
+                          f"{units}: a {shape} product ran {ratio:.2f}x faster in bfloat16 "
+                          f"(bfloat16 from {BF16_MIN_SPEEDUP}x)")
+    return _CPU_DTYPE
 
 
 def dtype_name(dtype) -> str:
@@ -362,6 +428,7 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
 
     source, identity = resolve(name)
     dev, torch_dtype = choose_device_dtype(device, dtype)
+    chosen = cpu_dtype()[1] if dtype is None and dev == "cpu" else None
     kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
     if identity["kind"] == "hub" and not _hub_reachable():
         kwargs["local_files_only"] = True
@@ -396,6 +463,8 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     identity.update({"dtype": str(torch_dtype).removeprefix("torch."), "device": str(dev),
                      "attn_implementation": model.config._attn_implementation,
                      "architecture": type(model).__name__, "num_parameters": sum(p.numel() for p in model.parameters())})
+    if chosen:  # why DTYPE = None gave this dtype on this CPU; the dtype itself is in the run identity
+        identity["dtype_choice"] = chosen
     lm = LoadedModel(model, tokenizer, name, identity)
     if reuse:
         _LOADED[key] = lm

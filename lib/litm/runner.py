@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -40,6 +41,25 @@ SCORINGS = ("generate", "loglik", "choice")
 # against 4): at most 3.2e-5 in float32 (8e-5 in other runs) and 0.21 in bfloat16, where each layer's output keeps
 # 8 bits of mantissa.  The bounds leave room above those; a decision whose margin exceeds the bound cannot flip.
 BATCH_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5, "float16": 0.5}
+
+UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -9, "float16": 2.0 ** -11}
+
+
+def dtype_bound(prompt_tokens: int, size: float = 0.0, dtype: str = "bfloat16") -> float:
+    """How far a record's score may move between float32 and `dtype`: 16 u sqrt(L) + 8 u |S| nats, for a prompt
+    of L tokens and scores of size S (the larger magnitude of the two log-likelihoods a margin compares, or of the
+    one log-likelihood), u the dtype's unit roundoff.  bfloat16, 750 tokens, S = 7 nats: 0.85 + 0.11 nats.
+
+    Where it comes from.  The scores are float32 log-softmaxes of logits taken from `dtype` hidden states, so
+    they move with the hidden states' error, which has two parts.  (1) Each token's state is a softmax-weighted
+    sum over the L positions it attends to; rounding errors of size u in L terms add like a random walk, to
+    about u sqrt(L).  A margin is a difference of two log-likelihoods (x2), each a logit minus a log-sum-exp that
+    move independently (x2), summed over an answer's tokens (up to four here: x4): 16 u sqrt(L).  (2) The last
+    hidden state's relative error, a few roundings of u (the residual stream and the final norm: x2), scales
+    every logit, so a log-likelihood moves in proportion to its own size; two scores (x2), a logit and a
+    log-sum-exp (x2): 8 u |S|.  A forced-choice decision can change only where its margin is within this of 0."""
+    u = UNIT_ROUNDOFF[dtype]
+    return 16 * u * math.sqrt(prompt_tokens) + 8 * u * abs(size)
 
 
 @dataclass(frozen=True)
