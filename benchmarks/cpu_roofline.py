@@ -1,0 +1,289 @@
+"""How close the CPU path runs to this machine's limit, in float32 and bfloat16, measured side by side in one run.
+
+1. The peak: GFLOP/s of the matrix products the default models do (SmolLM2-135M's and Gemma 3 270M's
+   projections, `--rows` tokens), median of `--repeats`, the dtypes interleaved.
+2. Prefill: tokens/s of both models at 512, 2k, 4k and 8k tokens in each dtype, and the fraction of the dtype's
+   peak that reaches (counting the projections' FLOPs and attention's: causal, a sliding window where a layer
+   has one; the head only at the last token, as the runner asks for).
+3. Scoring: forced choice and log-likelihood, questions/s, on notebook 02's first batch of prompts.
+4. Settings that might be worth as much: one thread against all, eager attention against SDPA.
+5. `--conclusions N`: notebooks 02's and 01's default sweeps on their first N questions in both dtypes: each
+   record's margin change against `runner.dtype_bound` (of its prompt length and scores' size), the share of forced-choice decisions that agree, and
+   the middle penalty's interval from each dtype against the other's point estimate.
+
+bfloat16 runs only where the CPU has bfloat16 matrix units (`litm.models.cpu_bfloat16_units`); without them
+torch emulates it far slower, and the benchmark says so and skips it (`--force-bfloat16` runs it anyway).
+
+    .venv/bin/python benchmarks/cpu_roofline.py                       # all of 1-4
+    .venv/bin/python benchmarks/cpu_roofline.py --only peak,prefill --lengths 512,2048
+    .venv/bin/python benchmarks/cpu_roofline.py --only conclusions --conclusions 24 --force-bfloat16
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+
+MODELS = ("smollm2-135m", "gemma3-270m")
+SECTIONS = ("peak", "prefill", "scoring", "settings", "conclusions")
+
+
+def cpu_flags() -> str:
+    """The CPU's model name and the vector/matrix flags that matter here, from /proc/cpuinfo (Linux)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU (no /proc/cpuinfo)"
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith(("flags", "Features"))), [])
+    keep = [f for f in flags if f.startswith(("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx", "bf16", "sve"))]
+    return f"{name}; flags: {' '.join(sorted(set(keep))) or 'none of avx2/avx512/amx/bf16'}"
+
+
+def projections(cfg) -> list[tuple[str, int, int]]:
+    """A decoder layer's matrix products as (name, in, out) from a config: q, k, v, o, gate, up, down."""
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * head, cfg.num_key_value_heads * head
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    return [("q", h, q), ("k", h, kv), ("v", h, kv), ("o", q, h), ("gate", h, f), ("up", h, f), ("down", f, h)]
+
+
+def prefill_flops(cfg, tokens: int) -> float:
+    """Matmul FLOPs of one prefill of `tokens`: 2 per multiply-add in every projection of every layer, attention's
+    scores and weighted sum over the keys each token sees (causal; at most the window in a sliding layer), and
+    the head at the last token only."""
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    proj = sum(i * o for _, i, o in projections(cfg)) * 2 * tokens * cfg.num_hidden_layers
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    attn = 0.0
+    for kind in types:
+        seen = sum(min(t + 1, window) if kind == "sliding_attention" and window else t + 1 for t in range(tokens))
+        attn += 2 * 2 * seen * cfg.num_attention_heads * head  # q.k and p.v, 2 FLOPs per multiply-add
+    return proj + attn + 2 * cfg.hidden_size * cfg.vocab_size
+
+
+def timed(fn, repeats: int) -> list[float]:
+    fn()  # warm-up
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def interleaved(fns: dict, repeats: int) -> dict:
+    """Median seconds of each callable, run in turn within every round so drifts in the machine hit all alike."""
+    for fn in fns.values():
+        fn()  # warm-up
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def peak(cfgs: dict, dtypes: list, rows: int, repeats: int) -> dict:
+    import torch
+
+    print(f"\n## 1. Matrix products ({rows} rows, GFLOP/s, median of {repeats}, dtypes interleaved)\n")
+    print("| model | product | in x out | " + " | ".join(dtypes) + (" | bf16/fp32 |" if len(dtypes) > 1 else " |"))
+    print("|---|---|---|" + "---:|" * (len(dtypes) + (len(dtypes) > 1)))
+    best = {dt: 0.0 for dt in dtypes}
+    gen = torch.Generator().manual_seed(0)
+    for model, cfg in cfgs.items():
+        for name, i, o in projections(cfg):
+            if name in ("v", "up"):  # the same shape as k and gate
+                continue
+            mats = {dt: (torch.randn(rows, i, generator=gen).to(getattr(torch, dt)),
+                         torch.randn(i, o, generator=gen).to(getattr(torch, dt))) for dt in dtypes}
+            med = interleaved({dt: (lambda a=a, b=b: a @ b) for dt, (a, b) in mats.items()}, repeats)
+            rate = {dt: 2 * rows * i * o / med[dt] / 1e9 for dt in dtypes}
+            for dt in dtypes:
+                best[dt] = max(best[dt], rate[dt])
+            ratio = f" {rate['bfloat16'] / rate['float32']:.2f}x |" if len(dtypes) > 1 else ""
+            print(f"| {model} | {name} | {i} x {o} | " + " | ".join(f"{rate[dt]:.0f}" for dt in dtypes) + f" |{ratio}")
+    print("\npeak (the best product): " + ", ".join(f"{dt} {best[dt]:.0f} GFLOP/s" for dt in dtypes))
+    return best
+
+
+def prefill(lms: dict, dtypes: list, lengths: list[int], repeats: int, best: dict) -> None:
+    import torch
+
+    print(f"\n## 2. Prefill (tokens/s, median of {repeats}, dtypes interleaved; % of the dtype's product peak)\n")
+    print("| model | tokens | " + " | ".join(f"{dt} tok/s | {dt} % peak" for dt in dtypes)
+          + (" | bf16/fp32 |" if len(dtypes) > 1 else " |"))
+    print("|---|---:|" + "---:|" * (2 * len(dtypes) + (len(dtypes) > 1)))
+    for model in MODELS:
+        cfg = lms[model, dtypes[0]].text_config
+        for n in lengths:
+            if n > (getattr(cfg, "max_position_embeddings", n) or n):
+                print(f"| {model} | {n} | beyond its window |")
+                continue
+            ids = torch.randint(10, cfg.vocab_size - 10, (1, n), generator=torch.Generator().manual_seed(n))
+
+            def run(lm):
+                with torch.inference_mode():
+                    lm.model(input_ids=ids, logits_to_keep=1, use_cache=False)
+            med = interleaved({dt: (lambda lm=lms[model, dt]: run(lm)) for dt in dtypes}, repeats)
+            flops = prefill_flops(cfg, n)
+            cells = [f"{n / med[dt]:.0f} | {100 * flops / med[dt] / 1e9 / best[dt]:.0f}%" for dt in dtypes]
+            ratio = f" {med['float32'] / med['bfloat16']:.2f}x |" if len(dtypes) > 1 else ""
+            print(f"| {model} | {n} | " + " | ".join(cells) + f" |{ratio}", flush=True)
+
+
+def nb02_config(limit: int, **kw):
+    """Notebook 02's default sweep (10 generated documents, gold at 0, 4, 9, closed-book and oracle, forced
+    choice, seed 0), on its first `limit` questions."""
+    import litm
+
+    return litm.SweepConfig(task="qa", data="generated", num_docs=10, positions=(0, 4, 9), closedbook=True,
+                            oracle=True, scoring="choice", limit=limit, seed=0, batch_size=4, progress=False, **kw)
+
+
+def nb01_config(limit: int, **kw):
+    """Notebook 01's default sweep (10 generated key-value pairs, gold at 0, 4, 9, oracle, forced choice)."""
+    import litm
+
+    return litm.SweepConfig(task="kv", data="generated", num_docs=10, positions=(0, 4, 9), closedbook=False,
+                            oracle=True, scoring="choice", limit=limit, seed=0, batch_size=4, progress=False, **kw)
+
+
+def scoring(lms: dict, dtypes: list, repeats: int) -> None:
+    from litm import runner
+    from litm.experiment import load_examples, prompt_for
+
+    print(f"\n## 3. Scoring notebook 02's first batch (questions/s, median of {repeats}, dtypes interleaved)\n")
+    print("| scoring | prompt tokens | " + " | ".join(dtypes) + (" | bf16/fp32 |" if len(dtypes) > 1 else " |"))
+    print("|---|---:|" + "---:|" * (len(dtypes) + (len(dtypes) > 1)))
+    cfg = nb02_config(4)
+    examples = load_examples(cfg)
+    tok = lms[MODELS[0], dtypes[0]].tokenizer
+    prompts = [prompt_for(e, "documents", 4, cfg, tok) for e in examples]
+    cands = [runner.candidates(e) for e in examples]
+    length = f"{min(len(p.input_ids) for p in prompts)}-{max(len(p.input_ids) for p in prompts)}"
+    jobs = {"forced choice": lambda lm: runner.choice(lm, prompts, [c[0] for c in cands], [c[1] for c in cands], 4),
+            "log-likelihood": lambda lm: runner.loglik(lm, prompts, [e.answers[0] for e in examples], 4)}
+    for name, job in jobs.items():
+        med = interleaved({dt: (lambda lm=lms[MODELS[0], dt]: job(lm)) for dt in dtypes}, repeats)
+        ratio = f" {med['float32'] / med['bfloat16']:.2f}x |" if len(dtypes) > 1 else ""
+        print(f"| {name} | {length} | " + " | ".join(f"{len(prompts) / med[dt]:.2f}" for dt in dtypes) + f" |{ratio}")
+
+
+def settings(lms: dict, repeats: int) -> None:
+    import torch
+
+    from litm.models import load_model
+
+    n = 2048
+    print(f"\n## 4. Settings, float32, SmolLM2-135M prefill of {n} tokens (tokens/s, median of {repeats})\n")
+    lm = lms[MODELS[0], "float32"]
+    eager = load_model(MODELS[0], device="cpu", dtype="float32", attn_implementation="eager", reuse=False)
+    ids = torch.randint(10, 40000, (1, n), generator=torch.Generator().manual_seed(1))
+    threads = torch.get_num_threads()
+
+    def run(model, nthreads):
+        def go():
+            torch.set_num_threads(nthreads)
+            with torch.inference_mode():
+                model.model(input_ids=ids, logits_to_keep=1, use_cache=False)
+            torch.set_num_threads(threads)
+        return go
+    med = interleaved({f"SDPA, {threads} threads (the default)": run(lm, threads), f"SDPA, 1 thread": run(lm, 1),
+                       f"eager attention, {threads} threads": run(eager, threads)}, repeats)
+    base = next(iter(med.values()))
+    print("| setting | tokens/s | against the default |\n|---|---:|---:|")
+    for k, v in med.items():
+        print(f"| {k} | {n / v:.0f} | {base / v:.2f}x |")
+
+
+def conclusions(dtypes: list, questions: int) -> None:
+    import numpy as np
+
+    from litm import sweep
+    from litm.models import load_model
+    from litm.planning import middle_penalties
+    from litm.runner import dtype_bound
+    from litm.stats import t_estimate
+
+    print(f"\n## 5. Conclusions in float32 and bfloat16: notebooks 02 and 01, first {questions} questions\n")
+    print("| notebook | records | longest prompt | max margin change | max change / bound | decisions equal "
+          "| penalty float32 [95% t] | penalty bfloat16 [95% t] | each interval holds the other's estimate |")
+    print("|---|---:|---:|---:|---:|---:|---|---|---|")
+    for name, make in (("02 (QA)", nb02_config), ("01 (KV)", nb01_config)):
+        runs, pens = {}, {}
+        for dt in dtypes:
+            lm = load_model(MODELS[0], device="cpu", dtype=dt, reuse=False)
+            df = sweep(make(questions, results_dir=tempfile.mkdtemp(prefix="litm-roofline-")), lm)
+            runs[dt] = df.set_index(["condition", "position", "example_id"]).sort_index()
+            pens[dt] = t_estimate(middle_penalties(df, "margin"))
+        a, b = runs["float32"], runs["bfloat16"].loc[runs["float32"].index]
+        change = (a.gold_margin - b.gold_margin).abs()
+        size = np.maximum(a.gold_loglik.abs(), (a.gold_loglik - a.gold_margin).abs())  # the two scores compared
+        ratio = (change / [dtype_bound(n, s) for n, s in zip(a.prompt_tokens, size)]).max()
+        same = float((a.correct == b.correct).mean())
+        f, g = pens["float32"], pens["bfloat16"]
+        holds = f.low <= g.value <= f.high and g.low <= f.value <= g.high
+        print(f"| {name} | {len(a)} | {a.prompt_tokens.max()} | {change.max():.3g} | {ratio:.2f} | {100 * same:.1f}% "
+              f"| {f.value:.2f} [{f.low:.2f}, {f.high:.2f}] | {g.value:.2f} [{g.low:.2f}, {g.high:.2f}] "
+              f"| {'yes' if holds else 'NO'} |", flush=True)
+        assert np.isfinite(ratio)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="peak,prefill,scoring,settings", help=f"sections, of {','.join(SECTIONS)}")
+    ap.add_argument("--lengths", default="512,2048,4096,8192")
+    ap.add_argument("--rows", type=int, default=2048, help="tokens in the matrix products of section 1")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--conclusions", type=int, default=24, help="questions per notebook in section 5")
+    ap.add_argument("--force-bfloat16", action="store_true", help="run bfloat16 without bfloat16 units (slow)")
+    args = ap.parse_args()
+    only = args.only.split(",")
+    if unknown := set(only) - set(SECTIONS):
+        ap.error(f"unknown section(s) {sorted(unknown)}: use {','.join(SECTIONS)}")
+
+    import torch
+
+    from litm.models import cpu_bfloat16_units, cpu_dtype, load_model
+
+    units = cpu_bfloat16_units()
+    print(f"CPU: {cpu_flags()}")
+    print(f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, "
+          f"{torch.get_num_threads()} threads; bfloat16 units: {units or 'none'}; "
+          f"DTYPE = None gives {cpu_dtype()[0]} ({cpu_dtype()[1]})")
+    dtypes = ["float32"]
+    if units or args.force_bfloat16:
+        dtypes.append("bfloat16")
+    else:
+        print("This CPU has no bfloat16 matrix units: torch would emulate bfloat16 (tens of times slower than "
+              "float32), so bfloat16 is skipped; --force-bfloat16 runs it anyway.")
+    lms = {(m, dt): load_model(m, device="cpu", dtype=dt) for m in MODELS for dt in dtypes
+           if set(only) & {"peak", "prefill", "scoring", "settings"}}
+    best = {}
+    if "peak" in only or "prefill" in only:
+        best = peak({m: lms[m, "float32"].text_config for m in MODELS}, dtypes, args.rows, args.repeats)
+    if "prefill" in only:
+        prefill(lms, dtypes, [int(n) for n in args.lengths.split(",")], args.repeats, best)
+    if "scoring" in only:
+        scoring(lms, dtypes, args.repeats)
+    if "settings" in only:
+        settings(lms, args.repeats)
+    if "conclusions" in only:
+        if "bfloat16" not in dtypes:
+            print("\n## 5. Conclusions: skipped, bfloat16 is not run on this CPU (--force-bfloat16 to run it).")
+        else:
+            conclusions(dtypes, args.conclusions)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
