@@ -297,8 +297,7 @@ def resolve(name: str) -> tuple[str, dict]:
 def choose_device_dtype(device, dtype: str | None):
     """CUDA when available (sharded across GPUs), else the CPU; bfloat16 on a GPU that has it, float16 on one
     that does not (a T4, a V100), on the CPU what `cpu_dtype` chooses (bfloat16 only where the CPU has the units
-    and they pay); all overridable.  `device` may be a string or a
-    `torch.device`; the device comes back as a string."""
+    and they pay); all overridable.  `device` may be a string or a `torch.device`; it comes back as a string."""
     import torch
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device is None else str(device)
@@ -333,14 +332,15 @@ _CPU_DTYPE: tuple[str, str] | None = None
 
 def cpu_bfloat16_units() -> str | None:
     """The bfloat16 matrix units torch can use on this CPU ("AMX", "AVX512-BF16", "Arm BF16"), None without:
-    there torch emulates bfloat16 products, which on a 2-core AVX2 CPU ran 60-80x slower than float32."""
+    there torch emulates bfloat16 products, which on a 2-core AVX2 CPU ran 60-90x slower than float32."""
     import platform
 
     import torch
 
     found = [name for name, check in (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
              if getattr(torch.cpu, check, lambda: False)()]
-    if not found and platform.machine().lower() in ("arm64", "aarch64") and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    arm = platform.machine().lower() in ("arm64", "aarch64")
+    if not found and arm and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         found.append("Arm BF16")  # oneDNN's check on Arm is the CPU's BF16 extension
     return " + ".join(found) or None
 
@@ -420,8 +420,8 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     the CPU).  `device_map` overrides that placement: "auto", "balanced", or a dict from module names to a GPU
     index, "cpu" or "disk" (disk-offloaded weights are kept in a temporary folder).  Inputs go to the input
     embeddings' execution device (`LoadedModel.device`); outputs are read where they come back."""
-    key = (name, None if device is None else str(device), dtype, attn_implementation,
-           json.dumps(device_map, sort_keys=True, default=str))
+    key = (name, None if device is None else str(device), dtype or os.environ.get("LITM_CPU_DTYPE"),
+           attn_implementation, json.dumps(device_map, sort_keys=True, default=str))
     if reuse and key in _LOADED:
         return _LOADED[key]
     from transformers import AutoModelForCausalLM, AutoTokenizer
