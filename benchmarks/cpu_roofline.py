@@ -8,8 +8,10 @@
 3. Scoring: forced choice and log-likelihood, questions/s, on notebook 02's first batch of prompts.
 4. Settings that might be worth as much: one thread against all, eager attention against SDPA.
 5. `--conclusions N`: notebooks 02's and 01's default sweeps on their first N questions in both dtypes: each
-   record's margin change against `runner.dtype_bound` (of its prompt length and scores' size), the share of forced-choice decisions that agree, and
-   the middle penalty's interval from each dtype against the other's point estimate.
+   record's margin change against `runner.dtype_bound` (of its prompt length and scores' size), the share of
+   forced-choice decisions that agree, and the middle penalty's interval from each dtype against the other's
+   point estimate.  The records stay in `--results` (default results/cpu-roofline): a rerun resumes, and every
+   number can be read again from them.
 
 bfloat16 runs only where the CPU has bfloat16 matrix units (`litm.models.cpu_bfloat16_units`); without them
 torch emulates it far slower, and the benchmark says so and skips it (`--force-bfloat16` runs it anyway).
@@ -21,13 +23,11 @@ torch emulates it far slower, and the benchmark says so and skips it (`--force-b
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from litm.models import interleaved_medians  # noqa: E402  (after the path above; imports nothing heavy)
 
 MODELS = ("smollm2-135m", "gemma3-270m")
 SECTIONS = ("peak", "prefill", "scoring", "settings", "conclusions")
@@ -68,29 +68,6 @@ def prefill_flops(cfg, tokens: int) -> float:
     return proj + attn + 2 * cfg.hidden_size * cfg.vocab_size
 
 
-def timed(fn, repeats: int) -> list[float]:
-    fn()  # warm-up
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def interleaved(fns: dict, repeats: int) -> dict:
-    """Median seconds of each callable, run in turn within every round so drifts in the machine hit all alike."""
-    for fn in fns.values():
-        fn()  # warm-up
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def peak(cfgs: dict, dtypes: list, rows: int, repeats: int) -> dict:
     import torch
 
@@ -105,13 +82,13 @@ def peak(cfgs: dict, dtypes: list, rows: int, repeats: int) -> dict:
                 continue
             mats = {dt: (torch.randn(rows, i, generator=gen).to(getattr(torch, dt)),
                          torch.randn(i, o, generator=gen).to(getattr(torch, dt))) for dt in dtypes}
-            med = interleaved({dt: (lambda a=a, b=b: a @ b) for dt, (a, b) in mats.items()}, repeats)
+            med = interleaved_medians({dt: (lambda a=a, b=b: a @ b) for dt, (a, b) in mats.items()}, repeats)
             rate = {dt: 2 * rows * i * o / med[dt] / 1e9 for dt in dtypes}
             for dt in dtypes:
                 best[dt] = max(best[dt], rate[dt])
-            ratio = f" {rate['bfloat16'] / rate['float32']:.2f}x |" if len(dtypes) > 1 else ""
-            print(f"| {model} | {name} | {i} x {o} | " + " | ".join(f"{rate[dt]:.0f}" for dt in dtypes) + f" |{ratio}")
-    print("\npeak (the best product): " + ", ".join(f"{dt} {best[dt]:.0f} GFLOP/s" for dt in dtypes))
+            ratio = f" {rate['bfloat16'] / rate['float32']:.2g}x |" if len(dtypes) > 1 else ""
+            print(f"| {model} | {name} | {i} x {o} | " + " | ".join(f"{rate[dt]:.3g}" for dt in dtypes) + f" |{ratio}")
+    print("\npeak (the best product): " + ", ".join(f"{dt} {best[dt]:.3g} GFLOP/s" for dt in dtypes))
     return best
 
 
@@ -133,7 +110,7 @@ def prefill(lms: dict, dtypes: list, lengths: list[int], repeats: int, best: dic
             def run(lm):
                 with torch.inference_mode():
                     lm.model(input_ids=ids, logits_to_keep=1, use_cache=False)
-            med = interleaved({dt: (lambda lm=lms[model, dt]: run(lm)) for dt in dtypes}, repeats)
+            med = interleaved_medians({dt: (lambda lm=lms[model, dt]: run(lm)) for dt in dtypes}, repeats)
             flops = prefill_flops(cfg, n)
             cells = [f"{n / med[dt]:.0f} | {100 * flops / med[dt] / 1e9 / best[dt]:.0f}%" for dt in dtypes]
             ratio = f" {med['float32'] / med['bfloat16']:.2f}x |" if len(dtypes) > 1 else ""
@@ -173,7 +150,7 @@ def scoring(lms: dict, dtypes: list, repeats: int) -> None:
     jobs = {"forced choice": lambda lm: runner.choice(lm, prompts, [c[0] for c in cands], [c[1] for c in cands], 4),
             "log-likelihood": lambda lm: runner.loglik(lm, prompts, [e.answers[0] for e in examples], 4)}
     for name, job in jobs.items():
-        med = interleaved({dt: (lambda lm=lms[MODELS[0], dt]: job(lm)) for dt in dtypes}, repeats)
+        med = interleaved_medians({dt: (lambda lm=lms[MODELS[0], dt]: job(lm)) for dt in dtypes}, repeats)
         ratio = f" {med['float32'] / med['bfloat16']:.2f}x |" if len(dtypes) > 1 else ""
         print(f"| {name} | {length} | " + " | ".join(f"{len(prompts) / med[dt]:.2f}" for dt in dtypes) + f" |{ratio}")
 
@@ -197,15 +174,16 @@ def settings(lms: dict, repeats: int) -> None:
                 model.model(input_ids=ids, logits_to_keep=1, use_cache=False)
             torch.set_num_threads(threads)
         return go
-    med = interleaved({f"SDPA, {threads} threads (the default)": run(lm, threads), f"SDPA, 1 thread": run(lm, 1),
-                       f"eager attention, {threads} threads": run(eager, threads)}, repeats)
+    med = interleaved_medians({f"SDPA, {threads} threads (the default)": run(lm, threads),
+                               "SDPA, 1 thread": run(lm, 1),
+                               f"eager attention, {threads} threads": run(eager, threads)}, repeats)
     base = next(iter(med.values()))
     print("| setting | tokens/s | against the default |\n|---|---:|---:|")
     for k, v in med.items():
         print(f"| {k} | {n / v:.0f} | {base / v:.2f}x |")
 
 
-def conclusions(dtypes: list, questions: int) -> None:
+def conclusions(dtypes: list, questions: int, results: str) -> None:
     import numpy as np
 
     from litm import sweep
@@ -222,7 +200,7 @@ def conclusions(dtypes: list, questions: int) -> None:
         runs, pens = {}, {}
         for dt in dtypes:
             lm = load_model(MODELS[0], device="cpu", dtype=dt, reuse=False)
-            df = sweep(make(questions, results_dir=tempfile.mkdtemp(prefix="litm-roofline-")), lm)
+            df = sweep(make(questions, results_dir=results), lm)  # resumable; the records stay to be read again
             runs[dt] = df.set_index(["condition", "position", "example_id"]).sort_index()
             pens[dt] = t_estimate(middle_penalties(df, "margin"))
         a, b = runs["float32"], runs["bfloat16"].loc[runs["float32"].index]
@@ -235,7 +213,6 @@ def conclusions(dtypes: list, questions: int) -> None:
         print(f"| {name} | {len(a)} | {a.prompt_tokens.max()} | {change.max():.3g} | {ratio:.2f} | {100 * same:.1f}% "
               f"| {f.value:.2f} [{f.low:.2f}, {f.high:.2f}] | {g.value:.2f} [{g.low:.2f}, {g.high:.2f}] "
               f"| {'yes' if holds else 'NO'} |", flush=True)
-        assert np.isfinite(ratio)
 
 
 def main() -> int:
@@ -245,6 +222,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=2048, help="tokens in the matrix products of section 1")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--conclusions", type=int, default=24, help="questions per notebook in section 5")
+    ap.add_argument("--results", default="results/cpu-roofline", help="where section 5 keeps its records")
     ap.add_argument("--force-bfloat16", action="store_true", help="run bfloat16 without bfloat16 units (slow)")
     args = ap.parse_args()
     only = args.only.split(",")
@@ -264,8 +242,8 @@ def main() -> int:
     if units or args.force_bfloat16:
         dtypes.append("bfloat16")
     else:
-        print("This CPU has no bfloat16 matrix units: torch would emulate bfloat16 (tens of times slower than "
-              "float32), so bfloat16 is skipped; --force-bfloat16 runs it anyway.")
+        print("This CPU has no bfloat16 matrix units: torch would emulate bfloat16 (30-200x slower than float32 on "
+              "a 2-core AVX2 CPU), so bfloat16 is skipped; --force-bfloat16 runs it anyway.")
     lms = {(m, dt): load_model(m, device="cpu", dtype=dt) for m in MODELS for dt in dtypes
            if set(only) & {"peak", "prefill", "scoring", "settings"}}
     best = {}
@@ -281,7 +259,7 @@ def main() -> int:
         if "bfloat16" not in dtypes:
             print("\n## 5. Conclusions: skipped, bfloat16 is not run on this CPU (--force-bfloat16 to run it).")
         else:
-            conclusions(dtypes, args.conclusions)
+            conclusions(dtypes, args.conclusions, args.results)
     return 0
 
 

@@ -332,7 +332,8 @@ _CPU_DTYPE: tuple[str, str] | None = None
 
 def cpu_bfloat16_units() -> str | None:
     """The bfloat16 matrix units torch can use on this CPU ("AMX", "AVX512-BF16", "Arm BF16"), None without:
-    there torch emulates bfloat16 products, which on a 2-core AVX2 CPU ran 60-90x slower than float32."""
+    there torch emulates bfloat16 products, which on a 2-core AVX2 CPU ran 30-200x slower than float32
+    (`benchmarks/cpu_roofline.py --only peak --force-bfloat16`)."""
     import platform
 
     import torch
@@ -345,24 +346,31 @@ def cpu_bfloat16_units() -> str | None:
     return " + ".join(found) or None
 
 
-def bfloat16_speedup(shape: tuple[int, int, int] = BF16_CHECK_SHAPE, repeats: int = 5) -> float:
-    """float32 time over bfloat16 time for one (rows x k) @ (k x n) product, interleaved, medians of `repeats`."""
+def interleaved_medians(fns: dict, repeats: int) -> dict:
+    """Median seconds of each callable over `repeats` rounds after one warm-up round; every round runs them all
+    in turn, so a drift in the machine's speed hits each alike."""
     import statistics
 
+    times: dict = {k: [] for k in fns}
+    for i in range(repeats + 1):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if i:
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bfloat16_speedup(shape: tuple[int, int, int] = BF16_CHECK_SHAPE, repeats: int = 5) -> float:
+    """float32 time over bfloat16 time for one (rows x k) @ (k x n) product, interleaved, medians of `repeats`."""
     import torch
 
     m, k, n = shape
     gen = torch.Generator().manual_seed(0)
     pairs = {dt: (torch.randn(m, k, generator=gen).to(dt), torch.randn(k, n, generator=gen).to(dt))
              for dt in (torch.float32, torch.bfloat16)}
-    times: dict = {dt: [] for dt in pairs}
-    for i in range(repeats + 1):  # the first round warms up
-        for dt, (a, b) in pairs.items():
-            t0 = time.perf_counter()
-            a @ b
-            if i:
-                times[dt].append(time.perf_counter() - t0)
-    return statistics.median(times[torch.float32]) / statistics.median(times[torch.bfloat16])
+    med = interleaved_medians({dt: (lambda a=a, b=b: a @ b) for dt, (a, b) in pairs.items()}, repeats)
+    return med[torch.float32] / med[torch.bfloat16]
 
 
 def cpu_dtype() -> tuple[str, str]:
