@@ -1,0 +1,40 @@
+"""benchmarks/cpu_roofline.py counts a prefill's FLOPs as a hand count does, sliding windows included."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    spec = importlib.util.spec_from_file_location("cpu_roofline", ROOT / "benchmarks" / "cpu_roofline.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_llama_prefill_counted_by_hand(roofline):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=2, vocab_size=600)
+    # per layer: q 64x64, k and v 64x32, o 64x64, gate and up 64x128, down 128x64
+    per_token = 2 * 2 * (4096 + 2048 + 2048 + 4096 + 3 * 8192)
+    causal = 100 * 101 // 2  # keys seen by 100 tokens
+    attention = 2 * (2 * 2 * causal * 4 * 16)  # two layers; q.k and p.v; 4 heads of 16
+    assert roofline.prefill_flops(cfg, 100) == per_token * 100 + attention + 2 * 64 * 600
+
+
+def test_sliding_layers_count_only_their_window(roofline):
+    from transformers import Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
+                           head_dim=16, num_hidden_layers=3, sliding_window=24, vocab_size=600,
+                           layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    windowed = 24 * 25 // 2 + (100 - 24) * 24  # tokens 1..24 see themselves and all before; later ones 24 keys
+    full = 100 * 101 // 2
+    per_layer_projections = 2 * 100 * (64 * 64 + 2 * 64 * 16 + 64 * 64 + 3 * 64 * 128)
+    expected = 3 * per_layer_projections + 4 * 4 * 16 * (2 * windowed + full) + 2 * 64 * 600
+    assert roofline.prefill_flops(cfg, 100) == expected
