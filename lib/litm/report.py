@@ -11,7 +11,7 @@ import numpy as np
 from . import stats
 from .errors import StatsError
 from .experiment import summarize
-from .store import read_manifest, read_records
+from .store import read_manifest, read_records, study_config
 from .study import config_hash
 
 # Config fields that may differ between the two sides of a comparison without being said: the model goes
@@ -43,7 +43,7 @@ def load_results(paths) -> "pd.DataFrame":
             cfg = dict(manifest["config"])
             if cfg.get("kind", "sweep") != "sweep":
                 continue
-            sweep_cfg = {k: v for k, v in cfg.items() if k not in ("condition", "position")}
+            sweep_cfg = study_config(manifest)  # without the fields its manifest names as the condition
             sid = config_hash(sweep_cfg)
             for r in read_records(d / "records.jsonl", manifest.get("key", "example_id"))[0]:
                 rows.append({**r, "model": cfg.get("model"), "task": cfg.get("task"),

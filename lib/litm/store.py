@@ -22,6 +22,7 @@ from pathlib import Path
 from .errors import DataError, LitmError, LockedError
 
 _PACKAGES = ("litm", "torch", "transformers", "tokenizers", "datasets", "numpy", "pandas")
+CONDITION = ("condition", "position")  # a sweep's condition fields; what a manifest without a "condition" names
 
 try:
     import fcntl
@@ -117,7 +118,7 @@ class ResultStore:
     (LockedError when another process holds it); `close()` (or a `with` block) gives it back."""
 
     def __init__(self, root: str | Path, config_hash: str, config: dict, model_identity: dict | None = None,
-                 key: str = "example_id", condition: tuple[str, ...] = ("condition", "position"),
+                 key: str = "example_id", condition: tuple[str, ...] = CONDITION,
                  extra: dict | None = None):
         self.key = key
         self.dir = Path(root) / config_hash
@@ -223,9 +224,9 @@ class ResultStore:
         return list(self._records.values()) if keys is None else [self._records[i] for i in keys if i in self._records]
 
 
-def _study_config(manifest: dict) -> dict:
+def study_config(manifest: dict) -> dict:
     """A run's config without its condition fields: what the runs of one study share."""
-    return {k: v for k, v in manifest["config"].items() if k not in manifest.get("condition", ())}
+    return {k: v for k, v in manifest["config"].items() if k not in manifest.get("condition", CONDITION)}
 
 
 def _sources(manifest: dict, folder: Path) -> list[dict]:
@@ -249,7 +250,7 @@ def merge(sources, dest: str | Path) -> dict[str, int]:
             runs.setdefault(manifest.parent.name, []).append((manifest.parent, read_manifest(manifest.parent)))
     if not runs:
         raise DataError(f"no run folders (manifest.json) under {list(map(str, sources))}.")
-    studies = {json.dumps(_study_config(m), sort_keys=True): f for folders in runs.values() for f, m in folders}
+    studies = {json.dumps(study_config(m), sort_keys=True): f for folders in runs.values() for f, m in folders}
     if len(studies) > 1:
         (a, fa), (b, fb) = list(studies.items())[:2]
         a, b = json.loads(a), json.loads(b)
@@ -270,7 +271,7 @@ def merge(sources, dest: str | Path) -> dict[str, int]:
         m = folders[0][1]
         first = {k: m[k] for k in ("first_prompt", "environment") if k in m}
         with ResultStore(dest, config_hash, m["config"], m.get("model"), m.get("key", "example_id"),
-                         tuple(m.get("condition", ("condition", "position"))), extra=first) as store:
+                         tuple(m.get("condition", CONDITION)), extra=first) as store:
             old = read_manifest(store.dir) if store.manifest_path.is_file() else {}
             merged = [] if not old else _sources(old, store.dir)
             for f, fm in folders:
