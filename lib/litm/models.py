@@ -316,7 +316,7 @@ def choose_device_dtype(device, dtype: str | None):
     if parsed.type == "mps" and not torch.backends.mps.is_available():
         raise ModelError(f"device {device!r} asked for, but torch sees no Apple GPU; leave the device unset.")
     if dtype is None:
-        if device.startswith("cuda"):
+        if parsed.type == "cuda":
             dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
         elif parsed.type == "cpu":
             dtype = cpu_dtype()[0]
@@ -436,7 +436,7 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
 
     source, identity = resolve(name)
     dev, torch_dtype = choose_device_dtype(device, dtype)
-    chosen = cpu_dtype()[1] if dtype is None and dev == "cpu" else None
+    chosen = cpu_dtype()[1] if dtype is None and dev.split(":")[0] == "cpu" else None  # "cpu" or "cpu:0"
     kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
     if identity["kind"] == "hub" and not _hub_reachable():
         kwargs["local_files_only"] = True
