@@ -19,6 +19,16 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{%
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 
+def benchmark_module(name: str):
+    """A script under benchmarks/ imported as a module (they are not a package), for tests of its arithmetic."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def need_cuda(device: str = "cuda") -> None:
     """A gpu-marked test fails, not skips, without CUDA: `pytest -m gpu` asked for them on purpose."""
     import torch

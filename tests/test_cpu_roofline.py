@@ -1,18 +1,12 @@
 """benchmarks/cpu_roofline.py counts a prefill's FLOPs as a hand count does, sliding windows included."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def roofline():
-    spec = importlib.util.spec_from_file_location("cpu_roofline", ROOT / "benchmarks" / "cpu_roofline.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("cpu_roofline")
 
 
 def test_a_llama_prefill_counted_by_hand(roofline):

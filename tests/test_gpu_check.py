@@ -1,6 +1,5 @@
 """benchmarks/gpu_check.py runs on a CPU-only machine (with --device cpu), its arithmetic is right, and
 `make gpu-check` without CUDA says so in one line and runs nothing."""
-import importlib.util
 import json
 import os
 import shutil
@@ -10,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import benchmark_module
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("gpu_check")
 
 
 def test_flops_of_a_prefill_counted_by_hand(gpu_check):
