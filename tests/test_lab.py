@@ -91,9 +91,11 @@ async def _run_cells(url: str, cells: list[str], timeout: float) -> list[dict]:
         for code in cells:
             msg = _message(code, session)
             await ws.write_message(json.dumps(msg))
-            outputs, status, error = [], None, None
+            outputs, status, error, idle = [], None, None, False
             deadline = time.monotonic() + timeout
-            while status is None:
+            # the reply (shell) and the outputs (iopub) travel on different channels: a cell is done when both its
+            # execute_reply and its iopub `idle` status have arrived, in whichever order
+            while status is None or not idle:
                 raw = await asyncio.wait_for(ws.read_message(), max(1.0, deadline - time.monotonic()))
                 reply = json.loads(raw)
                 if reply.get("parent_header", {}).get("msg_id") != msg["header"]["msg_id"]:
@@ -105,6 +107,8 @@ async def _run_cells(url: str, cells: list[str], timeout: float) -> list[dict]:
                     error = "\n".join(reply["content"]["traceback"])
                 elif kind == "execute_reply":
                     status = reply["content"]["status"]
+                elif kind == "status" and reply["content"]["execution_state"] == "idle":
+                    idle = True
             results.append({"status": status, "outputs": outputs, "error": error})
             if status != "ok":
                 break
