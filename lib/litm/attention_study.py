@@ -1,8 +1,8 @@
 """Attention studies over a sweep's own prompts (notebook 03): attention on every document per layer,
 troughs by position, the positional bias (documents rotated through the positions; after Hsieh et al.,
 *Found in the Middle*), calibrated relevance and the gold's recall, attention joined to the sweep's
-outcomes, sinks by prompt length, and attention as a retriever's scores.  Tables have one row per example,
-gold position, document and layer; layers and heads are 0-based."""
+outcomes, sinks by prompt length, attention as a retriever's scores, and each document's mass for attention
+sorting.  Tables have one row per example, gold position, document and layer; layers and heads are 0-based."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -321,3 +321,39 @@ def attention_scores(lm: LoadedModel, example, bias=None, layers=None, queries="
     rows = _frame([_doc_rows(lm, prompt, queries, {"example_id": example.id, "position": -1}, None)])
     s = relevance_scores(rows, bias, layers, value).sort_values("doc_position")
     return s["calibrated" if bias is not None else "vanilla"].to_numpy()
+
+
+def document_masses(lm: LoadedModel, variant: Variant | None = None, layers=None):
+    """An `attend` for `ordering.attention_sort`: a function of an example that renders it (`variant`, default
+    `Variant()`), profiles one pass from the prompt's last token, and returns each document's attention mass
+    (summed over its tokens) averaged over `layers` (default: every full-attention layer) and all heads, in
+    the example's order.  Sliding-window layers are left out by default since their last row cannot see
+    every document."""
+    from .interventions import full_attention_layers
+
+    variant = variant or Variant()
+    if variant.parallel:
+        raise ConfigError("attention sorting profiles one ordinary pass over the prompt; render it without "
+                          "parallel=True.")
+    n_layers, full = lm.text_config.num_hidden_layers, full_attention_layers(lm)
+    if layers is None:
+        chosen = list(full)
+        if not chosen:
+            raise ConfigError(f"{lm.name!r} has no layer that attends over the whole prompt; name the layers to "
+                              "read with layers=[...].")
+    else:
+        chosen = list(range(n_layers))[layers] if isinstance(layers, slice) else [int(x) for x in layers]
+        if not chosen or any(not 0 <= x < n_layers for x in chosen):
+            raise ConfigError(f"layers {chosen} must be a non-empty choice of 0..{n_layers - 1}.")
+
+    def attend(example) -> list[float]:
+        prompt = render(example, lm.tokenizer, variant)
+        ids = tuple(d.id for d in example.documents)
+        if tuple(prompt.manifest.doc_ids) != ids:
+            raise ConfigError(f"the prompt of {example.id} shows documents {list(prompt.manifest.doc_ids)}, not the "
+                              f"example's {list(ids)}; use a variant with condition='documents'.")
+        _check_window(lm, prompt)
+        docs = profile(lm, prompt, queries="last").documents  # [layer, head, doc]
+        return [float(x) for x in docs[chosen].mean(axis=(0, 1))]
+
+    return attend

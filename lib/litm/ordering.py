@@ -1,10 +1,12 @@
-"""Where each document goes: choose the documents, move the gold to a position, or order a ranked list
-with a named strategy (rank, reverse, U-shape, LangChain's reorder, random, evidence first)."""
+"""Where each document goes: choose the documents, move the gold to a position, order a ranked list
+with a named strategy (rank, reverse, U-shape, LangChain's reorder, random, evidence first), or let the
+model's own attention order them (attention sorting)."""
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .errors import ConfigError
 from .types import Document, Example
@@ -132,3 +134,58 @@ def reorder(example: Example, scores: Sequence[float], strategy: str, k: int | N
         by_id = {d.id: e for d, e in zip(example.documents, evidence)}
         evidence = [by_id[d.id] for d in ranked]
     return replace(example, documents=tuple(arrange(ranked, strategy, seed, evidence, m)))
+
+
+# ----------------------------------------------------------------------------- attention sorting
+# Not in ORDERINGS: `arrange` orders a ranked list without a model, while attention sorting needs the example
+# and a scorer, and returns the orders it went through.  A study calls it directly.
+def attention_sort(example: Example, attend: Callable[[Example], Sequence[float]], rounds: int = 1,
+                   bias: Sequence[float] | None = None) -> tuple[Example, list[tuple[str, ...]]]:
+    """Attention sorting (Peysakhovich and Lerer 2023): score the prompt, move the most attended document last
+    (next to the question) and the least attended first, and repeat `rounds` times.  `attend(example)` gives
+    each document's attention mass in the example's order (`attention_study.document_masses`, or a stand-in);
+    with `bias` (nats per position, e.g. `slot_bias` averaged over layers and heads) documents are sorted by
+    log mass minus the bias at their position.  The sort is ascending and stable (ties keep their order).
+    Returns the sorted example and the document ids' order before each round and after the last."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ConfigError(f"rounds must be a whole number of at least 1 (one scoring pass per round), got {rounds!r}.")
+    docs = list(example.documents)
+    if not docs:
+        raise ConfigError(f"example {example.id} has no documents to sort; give it at least one.")
+    ids = [d.id for d in docs]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"duplicate document ids {dupes[:5]}: attention sorting records orders by id, so every "
+                          "document needs its own id.")
+    if bias is not None:
+        bias = _finite(bias, len(docs), "bias values", "one per document position (slot_bias averaged over layers "
+                                                       "and heads, measured with this many documents)")
+    orders = [tuple(ids)]
+    for _ in range(rounds):
+        mass = _finite(attend(replace(example, documents=tuple(docs))), len(docs), "attention masses",
+                       "one per document, in the example's order")
+        if bias is None:
+            score = mass
+        else:
+            bad = [i for i, m in enumerate(mass) if m <= 0]
+            if bad:
+                raise ConfigError(f"attention masses at positions {bad} are not positive, so their log (for the "
+                                  "bias calibration) is undefined; pass bias=None or a scorer whose masses are > 0.")
+            score = [math.log(m) - b for m, b in zip(mass, bias)]
+        docs = [docs[i] for i in sorted(range(len(docs)), key=lambda i: score[i])]  # stable: ties keep order
+        orders.append(tuple(d.id for d in docs))
+    return replace(example, documents=tuple(docs)), orders
+
+
+def _finite(values, n: int, what: str, want: str) -> list[float]:
+    """`values` as floats, checked to be `n` finite numbers (a ConfigError saying `want` otherwise)."""
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{what} must be numbers, {want}: {err}.") from err
+    if len(out) != n:
+        raise ConfigError(f"got {len(out)} {what} for {n} documents; give {want}.")
+    bad = [i for i, v in enumerate(out) if not math.isfinite(v)]
+    if bad:
+        raise ConfigError(f"{what} at positions {bad} are not finite (NaN or infinite); give {want}, all finite.")
+    return out
