@@ -89,6 +89,16 @@ class Calibration:
                 "layout": dict(self.layout), "bias_source": json.loads(self.source)}
 
 
+@dataclass(frozen=True)
+class ParallelDocuments:
+    """Every document sees the shared prefix and itself only, from the same starting position, and what follows
+    the documents sees them all (`litm.parallel`): no position effect by construction.  Score prompts rendered
+    with `Variant(parallel=True)`."""
+
+    def identity(self) -> dict:
+        return {"kind": "parallel_documents", "window": "positions"}
+
+
 def _per_layer(ratios) -> bool:
     return bool(ratios) and isinstance(ratios[0], (tuple, list))
 
@@ -244,6 +254,18 @@ def intervene(lm: LoadedModel, intervention):
         return
     if _state:
         raise ConfigError("an intervention is already active; leave its block first.")
+    if isinstance(intervention, ParallelDocuments):  # a mask and position ids (litm.parallel), no attention function
+        from .parallel import check_model
+
+        check_model(lm)
+        _state.update(iv=intervention)
+        lm.identity["intervention"] = intervention.identity()
+        try:
+            yield lm
+        finally:
+            lm.identity.pop("intervention", None)
+            _state.clear()
+        return
     _check(lm, intervention)
     with attention_function(lm, IMPLEMENTATION, _attention, SUPPORTED, "interventions are"):
         if isinstance(intervention, PositionalRescaling):
@@ -261,6 +283,11 @@ def intervene(lm: LoadedModel, intervention):
         finally:
             lm.identity.pop("intervention", None)
             _state.clear()
+
+
+def parallel_documents() -> bool:
+    """Whether parallel documents are on (the runner then scores through `litm.parallel`)."""
+    return bool(_state) and isinstance(_state["iv"], ParallelDocuments)
 
 
 def calibrating() -> bool:

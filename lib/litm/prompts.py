@@ -57,6 +57,7 @@ class Variant:
     template_dir: str = "data/liu2023"  # where `litm fetch liu2023` put the paper's files
     chat: bool | None = None  # None: use the tokenizer's chat template when it has one
     template_text: str | None = None  # QA: the user's own template (check_template), used for every condition
+    parallel: bool = False  # documents as unnumbered blocks, each tokenized alone (litm.parallel scores them)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Manifest:
     template: str
     chat: bool
     doc_format: str = "paper"  # how the documents are written (Variant.doc_format)
+    parallel: bool = False  # the documents are blocks tokenized alone that tile doc_spans (Variant.parallel)
 
     @property
     def gold_span(self) -> tuple[int, int] | None:
@@ -89,7 +91,7 @@ class Manifest:
                 "gold_index": self.gold_index, "gold_span": list(self.gold_span) if self.gold_span else None,
                 "gold_rel_depth": self.gold_rel_depth, "question_spans": [list(s) for s in self.question_spans],
                 "num_tokens": self.num_tokens, "sha256": self.sha256, "template": self.template,
-                "chat": self.chat, "doc_format": self.doc_format}
+                "chat": self.chat, "doc_format": self.doc_format, **({"parallel": True} if self.parallel else {})}
 
 
 @dataclass(frozen=True)
@@ -192,15 +194,24 @@ def _join(items: list[str], sep: str, lead: str = "", tail: str = "") -> tuple[s
     return lead + sep.join(items) + tail, spans
 
 
-def _format_documents(example: Example, doc_format: str = "paper") -> tuple[str, list[tuple[int, int]]]:
-    if example.task == "kv":
-        return _join([f'"{d.title}": "{d.text}"' for d in example.documents], ",\n ", "{", "}")
+def _format_documents(example: Example, doc_format: str = "paper",
+                      parallel: bool = False) -> tuple[str, list[tuple[int, int]]]:
+    """The documents' text and each one's character span.  `parallel`: no document numbers (every document
+    sits at the same positions, so a number would be the only thing that tells them apart) and each block
+    ends with its separator, so the blocks tile the documents' text and read the same in any order."""
     if doc_format not in DOC_FORMATS:
         raise ConfigError(f"unknown doc_format {doc_format!r}: use one of {DOC_FORMATS}.")
+    docs = example.documents
+    if example.task == "kv":
+        if parallel:
+            return _join([f'"{d.title}": "{d.text}",\n' for d in docs], "", "{", "}")
+        return _join([f'"{d.title}": "{d.text}"' for d in docs], ",\n ", "{", "}")
     if doc_format == "xml":
-        return _join([f"<document index={quoteattr(str(i + 1))} id={quoteattr(d.id)} title={quoteattr(d.title)}>"
-                      f"{escape(d.text)}</document>" for i, d in enumerate(example.documents)], "\n")
-    return _join([f"Document [{i + 1}](Title: {d.title}) {d.text}" for i, d in enumerate(example.documents)], "\n")
+        items = [f"<document{'' if parallel else ' index=' + quoteattr(str(i + 1))} id={quoteattr(d.id)} "
+                 f"title={quoteattr(d.title)}>{escape(d.text)}</document>" for i, d in enumerate(docs)]
+    else:
+        items = [f"Document {'' if parallel else f'[{i + 1}]'}(Title: {d.title}) {d.text}" for i, d in enumerate(docs)]
+    return _join([item + "\n" for item in items], "") if parallel else _join(items, "\n")
 
 
 def render_text(example: Example, variant: Variant = Variant(), allow_empty: bool = False):
@@ -214,7 +225,7 @@ def render_text(example: Example, variant: Variant = Variant(), allow_empty: boo
         example = Example(example.id, example.question, example.answers, (example.gold,), example.task)
     shown = () if variant.condition == "closedbook" else example.documents
     name = template_name(example.task, variant)
-    docs_text, doc_spans = _format_documents(example, variant.doc_format) if shown else ("", [])
+    docs_text, doc_spans = _format_documents(example, variant.doc_format, variant.parallel) if shown else ("", [])
     doc_field, q_field = ("formatted_kv_records", "key") if example.task == "kv" else ("search_results", "question")
     text, fields, inner = _fill(load_template(name, variant),
                                 {doc_field: (docs_text, doc_spans), q_field: (example.question, [])})
@@ -247,14 +258,27 @@ def render(example: Example, tokenizer, variant: Variant = Variant(), allow_empt
     full, shift = prefix + text + suffix, len(prefix)
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError("prompt manifests need a fast tokenizer (offset mapping); load the model's fast one.")
-    enc = tokenizer(full, add_special_tokens=not chat, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
     doc_chars = tuple((s + shift, e + shift) for s, e in doc_chars)
+    parallel = variant.parallel and bool(shown)
+    if parallel:  # each block alone, so a document's tokens do not depend on its neighbours
+        cuts = [0] + [s for s, _ in doc_chars] + [doc_chars[-1][1], len(full)]
+        ids, offsets, doc_spans = [], [], []
+        for k, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            enc = tokenizer(full[a:b], add_special_tokens=not chat and k == 0, return_offsets_mapping=True)
+            if 0 < k <= len(doc_chars):
+                doc_spans.append((len(ids), len(ids) + len(enc["input_ids"])))
+            ids += enc["input_ids"]
+            offsets += [(s + a, e + a) if e > s else (s, e) for s, e in enc["offset_mapping"]]
+        doc_spans = tuple(doc_spans)
+    else:
+        enc = tokenizer(full, add_special_tokens=not chat, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        doc_spans = tuple(_char_to_token_span(offsets, s, e) for s, e in doc_chars)
     manifest = Manifest(
-        doc_ids=tuple(d.id for d in shown), doc_spans=tuple(_char_to_token_span(offsets, s, e) for s, e in doc_chars),
+        doc_ids=tuple(d.id for d in shown), doc_spans=doc_spans,
         doc_char_spans=doc_chars, gold_index=next((i for i, d in enumerate(shown) if d.is_gold), None),
         question_spans=tuple(_char_to_token_span(offsets, s + shift, e + shift) for s, e in q_chars),
         num_tokens=len(ids), sha256=hashlib.sha256(" ".join(map(str, ids)).encode()).hexdigest(),
         template=f"{'user' if variant.template_text is not None else variant.template}:{name}", chat=chat,
-        doc_format=variant.doc_format)
+        doc_format=variant.doc_format, parallel=parallel)
     return Prompt(example.id, full, tuple(ids), manifest)

@@ -129,6 +129,14 @@ def score(lm, prompts: Sequence[Prompt], targets: Sequence[Target], scoring: str
         if scoring != "generate":
             raise ConfigError(f"a {lm.backend} model only generates; use scoring='generate'.")
         out = lm.generate(prompts, max_new_tokens)
+    elif interventions.parallel_documents():  # a prefix tree changes no score here: each prompt is prefilled whole
+        from . import parallel
+
+        if scoring == "loglik":
+            return parallel.loglik(lm, prompts, [t.answers[0] for t in targets], batch_size)
+        if scoring == "choice":
+            return parallel.choice(lm, prompts, [t.candidates for t in targets], [t.gold for t in targets], batch_size)
+        out = parallel.generate(lm, prompts, max_new_tokens, batch_size)
     elif scoring == "loglik":
         return loglik(lm, prompts, [t.answers[0] for t in targets], batch_size)
     elif scoring == "choice":
@@ -390,11 +398,18 @@ def _scores_from_copies(lm: LoadedModel, cache, row: int, prefix_mask, first_log
     return (scores + (lp * mask[:, 1:]).sum(-1)).tolist()
 
 
+def _not_parallel(name: str) -> None:
+    if interventions.parallel_documents():
+        raise ConfigError(f"{name} prefills prompts in a row; with parallel documents on, score through "
+                          "litm.runner.score.")
+
+
 def choice_after(lm: LoadedModel, prompt: Prompt, cache, last_logits, candidates: Sequence[str], gold: int) -> Scored:
     """Forced choice for one prompt already prefilled, unpadded, into `cache`, with `last_logits` [vocab] its
     last token's logits: the candidates scored from the cache (left as it was) under the tie rule."""
     import torch
 
+    _not_parallel("choice_after")
     conts = [_cont_ids(lm, prompt, a) for a in candidates]
     with interventions.scoring([prompt], [0]):
         scores = candidate_scores(lm, cache, torch.ones((1, len(prompt.input_ids)), dtype=torch.long),
@@ -437,6 +452,7 @@ def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, Tre
     latency is its share of the whole tree's time."""
     import torch
 
+    _not_parallel("shared_choice")
     t0, seqs = time.perf_counter(), [tuple(p.input_ids) for p in prompts]
     kw = _cache_kwarg(lm.model)
     out: list = [None] * len(prompts)
