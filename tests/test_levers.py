@@ -2,6 +2,7 @@
 run identity, each lever shapes the prompt as it should, and the middle-penalty changes and costs match sums
 done by hand."""
 import json
+import random
 from dataclasses import replace
 
 import numpy as np
@@ -37,8 +38,9 @@ def test_every_lever_runs_on_the_same_questions_apart(ran, tiny_lm):
     assert all(set(g["example_id"]) == set(df["example_id"]) for _, g in df.groupby(["lever", "position"]))
     kinds = {lv: json.loads(g["sweep_config"].iloc[0]).get("intervention", {}).get("kind") for lv, g in
              df.groupby("lever")}
-    assert kinds == {"baseline": None, "u_shape": None, "repeat": None, "extractive": None,
-                     "calibration": "calibration", "rescaling": "positional_rescaling"}
+    assert kinds == {"baseline": None, "shuffle": None, "u_shape": None, "attention_sort": None, "repeat": None,
+                     "extractive": None, "calibration": "calibration", "rescaling": "positional_rescaling",
+                     "parallel": "parallel_documents"}
     assert "intervention" not in tiny_lm.identity
     # u_shape of 5 ranked documents is 1, 3, 5, 4, 2: ranks 1, 3, 5 sit at places 0, 4, 2
     u = df[df["lever"] == "u_shape"].groupby("position")["gold_index"].unique()
@@ -50,6 +52,30 @@ def test_every_lever_runs_on_the_same_questions_apart(ran, tiny_lm):
         assert check(got, base["prompt_tokens"].reindex(got.index)), lever
     cal = df[df["lever"] == "calibration"].set_index(["example_id", "position"])["gold_loglik"]
     assert not np.allclose(cal, base["gold_loglik"].reindex(cal.index))
+
+
+def test_the_shuffle_sorting_and_parallel_levers_place_the_documents_as_they_say(ran, tiny_lm):
+    cfg, _, df = ran
+    by = {lv: g.set_index(["example_id", "position"]) for lv, g in df.groupby("lever")}
+    # shuffle: one recorded seed per question, the same at every gold position; the gold lands where that
+    # seed's permutation of the ranked list puts rank p + 1
+    sh = by["shuffle"]
+    for (q, p), r in sh.iterrows():
+        assert r["shuffle_seed"] == levers.question_seed(cfg.seed, q)
+        ranks = list(range(5))
+        assert r["gold_index"] == random.Random(int(r["shuffle_seed"])).sample(ranks, 5).index(p)
+    assert sh.groupby(level=0)["shuffle_seed"].nunique().eq(1).all()
+    # attention sorting: sort_rounds + 1 orders, the first the retrieved list, the gold where the last puts it
+    for (q, p), r in by["attention_sort"].iterrows():
+        orders, base = r["sort_orders"], by["baseline"].loc[(q, p)]
+        assert len(orders) == cfg.sort_rounds + 1 and sorted(orders[0]) == sorted(orders[-1])
+        assert orders[0].index(orders[0][base["gold_index"]]) == p
+        assert orders[-1].index(orders[0][p]) == r["gold_index"]
+    # parallel documents: no position effect, so a question's scores are the same at every gold position
+    par = by["parallel"]["gold_margin"].unstack()
+    assert (par.max(axis=1) - par.min(axis=1)).max() < 1e-5
+    plain = by["baseline"]["gold_margin"].unstack()
+    assert (plain.max(axis=1) - plain.min(axis=1)).max() > 1e-3
 
 
 def test_a_rerun_scores_nothing_again(ran, tiny_lm):
@@ -107,7 +133,7 @@ def test_question_changes_in_the_penalty_and_at_one_position():
 
 def test_costs_against_the_baseline():
     df = _records({"baseline": [[1.0, 0.0, 1.0]] * 2, "x": [[1.0, 0.0, 1.0]] * 2})
-    timing = pd.DataFrame({"lever": ["baseline", "x"], "scoring_s": [1.0, 3.0], "compression_s": [0.0, 0.5]})
+    timing = pd.DataFrame({"lever": ["baseline", "x"], "scoring_s": [1.0, 3.0], "prompt_s": [0.0, 0.5]})
     got = levers.costs(df, timing, levers.Prepared(None, (1,), 12.0, 20)).set_index("lever")
     assert got.loc["x", "tokens_vs_baseline"] == pytest.approx(1.5)
     assert got.loc["x", "seconds_vs_baseline"] == pytest.approx(3.5)  # scoring 3 s plus compression 0.5 s, over 1 s
@@ -120,7 +146,8 @@ def test_timing_runs_every_lever_side_by_side(ran, tiny_lm):
     cfg, prepared, _ = ran
     got = levers.timed(cfg, tiny_lm, prepared, rounds=2).set_index("lever")
     assert list(got.index) == list(levers.LEVERS) and (got["scoring_s"] > 0).all() and (got["rounds"] == 2).all()
-    assert got.loc["extractive", "compression_s"] > 0 and got.loc["baseline", "compression_s"] == 0
+    assert got.loc["extractive", "prompt_s"] > 0 and got.loc["attention_sort", "prompt_s"] > 0
+    assert got.loc["baseline", "prompt_s"] == 0
     assert "intervention" not in tiny_lm.identity
 
 
@@ -128,7 +155,8 @@ def test_bad_lever_configs_are_clear_errors(tiny_lm):
     for kw, match in ((dict(levers=("baseline", "magic")), "unknown levers"),
                       (dict(levers=("u_shape",)), "keep 'baseline'"),
                       (dict(positions=(0, 9)), "at least three gold positions"),
-                      (dict(ratios=(1.8, 1.2)), "0 < low <= high")):
+                      (dict(ratios=(1.8, 1.2)), "0 < low <= high"),
+                      (dict(sort_rounds=0), "sort_rounds must be")):
         with pytest.raises(ConfigError, match=match):
             levers.LeverConfig(**kw)
     with pytest.raises(ConfigError, match="outside the model's 2 layers"):

@@ -1,13 +1,15 @@
-"""Every lever against the lost middle on the same questions (notebook 08): the baseline prompt, U-shape
-reordering, the question repeated after the documents, extractive compression to a budget, attention
-calibration and positional rescaling inside the model.  Each question's gold sits at each position of the
-retrieved list; a reordering lever then moves the documents by that rank, a compression lever shortens
-them, and an intervention changes the model.  Each lever is its own run (an intervention's parameters join
-the model's run identity), and every lever's middle penalty is compared with the baseline's, paired over
-questions."""
+"""Every lever against the lost middle on the same questions (notebook 08): the baseline prompt, a random
+shuffle (the control every reordering should beat), U-shape reordering, attention sorting, the question
+repeated after the documents, extractive compression to a budget, and inside the model attention
+calibration, positional rescaling, channel scaling and parallel documents (no position at all).  Each
+question's gold sits at each position of the retrieved list; a reordering lever then moves the documents by
+that rank, a compression lever shortens them, and an intervention changes the model.  Each lever is its own
+run (an intervention's parameters join the model's run identity), and every lever's middle penalty is
+compared with the baseline's, paired over questions."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import time
 from dataclasses import dataclass, replace
 
@@ -15,14 +17,16 @@ import numpy as np
 
 from .errors import ConfigError, StatsError, check_distinct
 from .models import DEFAULT_MODEL, LoadedModel, load_model
-from .ordering import arrange, gold_at
+from .ordering import arrange, attention_sort, gold_at, random_order
 from .prompts import Variant, render
 from .runner import target
 from .study import Item, Study
 from .types import Example
 
-LEVERS = ("baseline", "u_shape", "repeat", "extractive", "calibration", "rescaling")
-INTERVENTIONS = ("calibration", "rescaling")
+LEVERS = ("baseline", "shuffle", "u_shape", "attention_sort", "repeat", "extractive", "calibration", "rescaling",
+          "parallel")
+INTERVENTIONS = ("calibration", "rescaling", "parallel")
+BIASED = ("calibration", "rescaling")  # built from the positional bias `prepare` measures
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,9 @@ class LeverConfig:
     """The levers study on the generated fictional QA, scored by forced choice among every document's answer.
     Calibration and rescaling act in `layers` (default: the second half of the model's full-attention layers,
     as Found in the Middle's last 16 of 32) and take their positional bias from `bias_examples` held-out questions
-    (2 measure each head's bias reproducibly on the default model: `interventions.calibration`)."""
+    (2 measure each head's bias reproducibly on the default model: `interventions.calibration`).  Attention
+    sorting reads the same layers' attention from the last token for `sort_rounds` rounds, on raw mass or (with
+    `sort_calibrated`) on log mass minus that bias.  The shuffle's seed is drawn per question from `seed`."""
 
     model: str = DEFAULT_MODEL
     num_docs: int = 10
@@ -40,6 +46,8 @@ class LeverConfig:
     reserve: int = 32
     layers: tuple[int, ...] | None = None
     strength: float = 1.0  # calibration: 0 the plain model, 1 the positional logit bias removed
+    sort_rounds: int = 2  # attention sorting: scoring passes before the prompt is scored
+    sort_calibrated: bool = False
     ratios: tuple[float, float] = (1.2, 1.8)  # rescaling: Ms-PoE's range
     bias_examples: int = 2
     bias_seed: int = 99
@@ -70,6 +78,8 @@ class LeverConfig:
             raise ConfigError("a middle penalty needs at least three gold positions (first, middle, last).")
         if self.limit < 1 or self.bias_examples < 1:
             raise ConfigError("limit and bias_examples must be at least 1.")
+        if isinstance(self.sort_rounds, bool) or not isinstance(self.sort_rounds, int) or self.sort_rounds < 1:
+            raise ConfigError(f"sort_rounds must be a whole number of at least 1, not {self.sort_rounds!r}.")
         if len(self.ratios) != 2 or not 0 < self.ratios[0] <= self.ratios[1]:
             raise ConfigError(f"ratios must be (low, high) with 0 < low <= high, not {self.ratios}.")
 
@@ -110,18 +120,29 @@ def prepare(config: LeverConfig, lm: LoadedModel) -> Prepared:
     return Prepared(bias, layers, time.perf_counter() - t0, len(held) * config.num_docs)
 
 
+def _needs_bias(config: LeverConfig) -> bool:
+    return bool(set(config.levers) & set(BIASED)) or ("attention_sort" in config.levers and config.sort_calibrated)
+
+
 def _prepared(config: LeverConfig, lm: LoadedModel, prepared: Prepared | None) -> Prepared | None:
-    """`prepared`, or measured now when an intervention lever is asked for and none was given."""
-    if prepared is None and set(config.levers) & set(INTERVENTIONS):
+    """`prepared`, or measured now when a lever built from the bias is asked for and none was given."""
+    if prepared is None and _needs_bias(config):
         return prepare(config, lm)
     return prepared
+
+
+def question_seed(seed: int, example_id: str) -> int:
+    """The shuffle's seed for one question: the same at every gold position and in every run of `seed`."""
+    return int(hashlib.sha256(f"{seed}:{example_id}".encode()).hexdigest()[:8], 16)
 
 
 def intervention(lever: str, config: LeverConfig, lm: LoadedModel, prepared: Prepared):
     """The intervention a lever switches on (None for a prompt-level lever)."""
     from .attention_study import position_awareness
-    from .interventions import PositionalRescaling, calibration, ratios_from_awareness
+    from .interventions import ParallelDocuments, PositionalRescaling, calibration, ratios_from_awareness
 
+    if lever == "parallel":
+        return ParallelDocuments()
     if lever == "calibration":
         return calibration(prepared.bias, prepared.layers, config.strength)
     if lever == "rescaling":
@@ -137,18 +158,34 @@ class Levers(Study):
     listing = ("positions", "levers")
     scoring = "choice"
 
-    def __init__(self, config: LeverConfig, lever: str):
+    def __init__(self, config: LeverConfig, lever: str, prepared: Prepared | None = None):
         super().__init__(config)
         self.lever = lever
-        self.variant = Variant(template=config.template, chat=config.chat)
+        self.variant = Variant(template=config.template, chat=config.chat, parallel=lever == "parallel")
+        self.sort_bias = None
+        if lever == "attention_sort" and config.sort_calibrated:
+            if prepared is None:
+                raise ConfigError("calibrated attention sorting needs the positional bias: pass prepare(config, lm).")
+            from .attention_study import slot_bias
+
+            self.sort_bias = [float(b) for b in slot_bias(prepared.bias, False)[list(prepared.layers)].mean(axis=(0, 1))]
+        self.sort_layers = prepared.layers if prepared is not None else config.layers
 
     def hashed(self) -> dict:
         d = {**super().hashed(), "data": "generated-qa", "lever": self.lever}
         if self.lever != "extractive":
             d.pop("budget"), d.pop("reserve")
-        if self.lever not in INTERVENTIONS:  # their parameters enter through the model's run identity
-            for k in ("layers", "strength", "ratios", "bias_examples", "bias_seed"):
+        if self.lever != "attention_sort":
+            d.pop("sort_rounds"), d.pop("sort_calibrated")
+        else:
+            d["sort_layers"] = None if self.sort_layers is None else list(self.sort_layers)
+            if self.sort_bias is not None:
+                d["sort_bias"] = [round(b, 6) for b in self.sort_bias]
+        if self.lever not in BIASED:  # their parameters enter through the model's run identity
+            for k in ("layers", "strength", "ratios"):
                 d.pop(k)
+        if self.lever not in BIASED and self.sort_bias is None:
+            d.pop("bias_examples"), d.pop("bias_seed")
         return d
 
     def conditions(self) -> list[dict]:
@@ -172,9 +209,17 @@ class Levers(Study):
 
         p = condition["position"]
         e = gold_at(example, p)  # the gold at rank p + 1 of the retrieved list
-        variant, seconds, shown = self.variant, 0.0, e
-        if self.lever == "u_shape":
+        variant, seconds, shown, extra = self.variant, 0.0, e, {}
+        if self.lever == "shuffle":
+            seed = question_seed(self.config.seed, example.id)
+            shown = replace(e, documents=tuple(random_order(e.documents, seed)))
+            extra = {"shuffle_seed": seed}
+        elif self.lever == "u_shape":
             shown = replace(e, documents=tuple(arrange(list(e.documents), "u_shape")))
+        elif self.lever == "attention_sort":
+            t0 = time.perf_counter()
+            shown, orders = attention_sort(e, self._attend(lm), self.config.sort_rounds, self.sort_bias)
+            seconds, extra = time.perf_counter() - t0, {"sort_orders": [list(o) for o in orders]}
         elif self.lever == "repeat":
             variant = replace(variant, repeat=True)
         elif self.lever == "extractive":
@@ -183,8 +228,17 @@ class Levers(Study):
             shown, seconds = c.example, c.seconds
         prompt = render(shown, lm.tokenizer, variant, allow_empty=True)
         fields = {"condition": f"{self.lever}:{p}", "lever": self.lever, "position": p, "seconds": round(seconds, 4),
-                  **survival(e, shown)}
+                  **survival(e, shown), **extra}
         return Item(e.id, prompt, target(e, "choice"), fields)
+
+    def _attend(self, lm):
+        """Attention sorting's scorer, made once per study: each document's mass from the last token."""
+        if getattr(self, "_attend_fn", None) is None:
+            from .attention_study import document_masses
+            from .interventions import default_layers
+
+            self._attend_fn = document_masses(lm, self.variant, self.sort_layers or default_layers(lm))
+        return self._attend_fn
 
 
 def run(config: LeverConfig, model: LoadedModel | None = None, prepared: Prepared | None = None):
@@ -199,7 +253,7 @@ def run(config: LeverConfig, model: LoadedModel | None = None, prepared: Prepare
     parts = []
     for lever in config.levers:
         with intervene(lm, intervention(lever, config, lm, prepared)):
-            parts.append(Levers(config, lever).run(lm))
+            parts.append(Levers(config, lever, prepared).run(lm))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -295,7 +349,8 @@ def penalty_changes(df, measures=("margin", "accuracy"), baseline: str = "baseli
 def timed(config: LeverConfig, lm: LoadedModel, prepared: Prepared | None = None, rounds: int = 3):
     """Seconds to score one prompt (the first question, the gold at the middle rank) under each lever, side by
     side: the levers in turn, after an untimed warm-up round, `rounds` times, each timed between device
-    synchronisations; the median per lever, and compression's seconds (made once, outside the timing).
+    synchronisations; the median per lever, and the seconds it took to make the prompt (`prompt_s`: compression
+    or attention sorting, made once, outside the timing).
     Records' own latencies follow the run's order and batches, so they do not compare levers fairly."""
     import statistics
 
@@ -310,7 +365,7 @@ def timed(config: LeverConfig, lm: LoadedModel, prepared: Prepared | None = None
     middle = edges_and_middle(config.positions)[1][0]
     made = {}
     for lever in config.levers:
-        study = Levers(config, lever)
+        study = Levers(config, lever, prepared)
         made[lever] = (study.item(lm, {"position": middle}, study.units()[0]),
                        intervention(lever, config, lm, prepared))
     seconds: dict[str, list[float]] = {lever: [] for lever in config.levers}
@@ -323,15 +378,15 @@ def timed(config: LeverConfig, lm: LoadedModel, prepared: Prepared | None = None
                 synchronize(lm.device)
                 if r:
                     seconds[lever].append(time.perf_counter() - t0)
-    return pd.DataFrame([{"lever": lever, "scoring_s": statistics.median(v), "compression_s": made[lever][0].fields["seconds"],
+    return pd.DataFrame([{"lever": lever, "scoring_s": statistics.median(v), "prompt_s": made[lever][0].fields["seconds"],
                           "rounds": rounds} for lever, v in seconds.items()])
 
 
 def costs(df, timing, prepared: Prepared | None = None, baseline: str = "baseline"):
-    """What each lever costs per prompt against the baseline: extra forward passes per prompt (none adds any:
-    forced choice is one prefill and one pass over the candidates under every lever), prompt tokens (the
-    records' mean), seconds of scoring and compression (`timing`, from `timed`), and the one-off passes and
-    seconds of the positional bias the intervention levers are built from."""
+    """What each lever costs per prompt against the baseline: extra forward passes per prompt (attention
+    sorting's rounds, from its records' orders; forced choice is one prefill and one pass over the candidates
+    under every lever), prompt tokens (the records' mean), seconds of scoring and of making the prompt (`timing`,
+    from `timed`), and the one-off passes and seconds of the positional bias the levers built from it need."""
     import pandas as pd
 
     _check(df, baseline)
@@ -339,12 +394,14 @@ def costs(df, timing, prepared: Prepared | None = None, baseline: str = "baselin
     t = timing.set_index("lever")
     if baseline not in t.index:
         raise StatsError(f"the timing has no {baseline!r} lever; time the same levers as the records.")
-    total = t["scoring_s"] + t["compression_s"]
+    total = t["scoring_s"] + t["prompt_s"]
     base_tokens = ok.loc[ok["lever"] == baseline, "prompt_tokens"].mean()
     rows = []
     for lever, g in ok.groupby("lever", sort=False):
-        one_off = prepared is not None and lever in INTERVENTIONS
-        rows.append({"lever": lever, "n": len(g), "extra_passes_per_prompt": 0,
+        sorted_ = lever == "attention_sort" and "sort_orders" in g
+        one_off = prepared is not None and (lever in BIASED or (sorted_ and "sort_bias" in g["sweep_config"].iloc[0]))
+        rows.append({"lever": lever, "n": len(g),
+                     "extra_passes_per_prompt": float(g["sort_orders"].map(len).mean() - 1) if sorted_ else 0,
                      "prompt_tokens": float(g["prompt_tokens"].mean()),
                      "tokens_vs_baseline": float(g["prompt_tokens"].mean() / base_tokens),
                      "seconds_per_prompt": float(total[lever]), "seconds_vs_baseline": float(total[lever] / total[baseline]),
