@@ -27,6 +27,18 @@ its temperature.
 Those rows' outputs are recomputed from the rescaled weights; every other row keeps the SDPA kernel's.  The
 documents' token spans come from the prompts the runner scores (`scoring`), so calibration runs through
 `litm.runner`.
+
+Channel scaling (after Yu et al. 2024, "Mitigate Position Bias in Large Language Models via Scaling a Single
+Dimension", arXiv 2406.02536, and their code, aka.ms/PositionalHidden): a few channels of the hidden state
+change monotonically with position (the causal mask writes position into them), and multiplying one such
+channel by a factor in [-1, 1] flattens the attention's preference for the prompt's beginning.  As in their
+code, the channel is scaled in the attention's input (the normalised hidden state the projections read) of the
+chosen layers, and only for the scored rows' attention: their queries and the keys they read (every token's)
+come from the scaled input; values, the residual stream and every other row stay the plain model's.  A forward
+pre-hook on each chosen attention module keeps its input; the attention function forms the scaled queries and
+keys with the module's own projections, norms and rotary embedding, stores the scaled keys where the KV cache
+holds them (later calls are scored rows and read them, as the paper's cache does) and recomputes the scored
+rows.  `positional_channels` finds the channel; `channel_scaling` builds the intervention from its table.
 """
 from __future__ import annotations
 
@@ -97,6 +109,32 @@ class ParallelDocuments:
 
     def identity(self) -> dict:
         return {"kind": "parallel_documents", "window": "positions"}
+
+
+# Channel scaling's factors.  Yu et al. searched 0.5, 0, -0.5 and -1 and chose -1 to 0.2 (Table 4); above 1 the
+# channel's pull towards the beginning grows, below -1 it turns into a pull towards the end (their Figure 6).
+SCALE_RANGE = (-1.0, 1.0)
+CHANNEL_ROWS = ("scored", "all")
+
+
+@dataclass(frozen=True)
+class ChannelScaling:
+    """Channel scaling in `layers` (every layer when None): channel `channels[i]` (or `channels`, one index for
+    every chosen layer) of layer `layers[i]`'s attention input multiplied by `scale` in [-1, 1] (1: the plain
+    model; 0, the paper's default, removes it) for the scored rows' queries and the keys they read; values, the
+    residual stream and the other rows are untouched.  `rows="all"` scales it for every row's attention (the
+    paper's "modify all tokens" ablation).  Build it with `channel_scaling` from `positional_channels`."""
+
+    channels: int | tuple[int, ...]
+    layers: tuple[int, ...] | None
+    scale: float
+    rows: str = "scored"
+
+    def identity(self) -> dict:
+        one = isinstance(self.channels, (int, np.integer))
+        return {"kind": "channel_scaling", "channels": int(self.channels) if one else [int(c) for c in self.channels],
+                "layers": None if self.layers is None else [int(i) for i in self.layers],
+                "scale": float(self.scale), "rows": str(self.rows)}
 
 
 def _per_layer(ratios) -> bool:
@@ -182,6 +220,137 @@ def ratios_from_awareness(awareness, low: float = 1.2, high: float = 1.8) -> tup
     return tuple(spaced_ratios(np.argsort(-row, kind="stable"), low, high) for row in a)
 
 
+def positional_channels(lm: LoadedModel, prompts, layers=None, batch_size: int = 4):
+    """For each of `layers` (all when None), the channel of the hidden state entering that layer (the residual
+    stream, whose normalised copy the layer's attention reads and `ChannelScaling` scales) that follows token
+    position most closely: each channel's mean over the prompts at each position (their common length, the
+    shortest prompt's, so every position averages the same prompts; content averages out, position does not),
+    then Spearman's rank correlation of that mean with position.  Spearman, not Pearson, because a positional
+    channel is defined by monotonicity (Yu et al.'s Definition 2.1), not linearity: the running averages the
+    causal mask writes rise fast and level off, and any monotone curve scores +-1; ranks also give the first
+    tokens' outsized states (massive activations, which the paper leaves out) one rank each, not the fit.
+    `prompts` are rendered Prompts or token-id lists.  One row per layer: the channel, its signed correlation,
+    its sign, the runner-up channel and its correlation, and how many positions and prompts it rests on."""
+    import pandas as pd
+    import torch
+    from scipy.stats import rankdata
+
+    ids = [[int(t) for t in getattr(p, "input_ids", p)] for p in prompts]
+    if not ids:
+        raise ConfigError("positional_channels needs prompts to read the hidden states from.")
+    n_layers = lm.text_config.num_hidden_layers
+    chosen = list(range(n_layers)) if layers is None else [int(i) for i in layers]
+    _check_layers(chosen, n_layers)
+    if not chosen:
+        raise ConfigError("choose at least one layer (None: every layer).")
+    width = min(len(row) for row in ids)
+    if width < 3:
+        raise ConfigError(f"the shortest prompt has {width} tokens; a correlation with position needs at least 3.")
+    _, blocks = _layer_modules(lm)
+    sums: dict[int, torch.Tensor] = {}
+
+    def keep(i):
+        def hook(module, args, kwargs):
+            h = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]).float().sum(0).cpu()
+            sums[i] = h if i not in sums else sums[i] + h
+        return hook
+
+    handles = [blocks[i].register_forward_pre_hook(keep(i), with_kwargs=True) for i in chosen]
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(ids), batch_size):  # the same width for every row: no padding
+                batch = torch.tensor([row[:width] for row in ids[start:start + batch_size]], device=lm.device)
+                lm.model(input_ids=batch, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    centred = np.arange(width) - (width - 1) / 2
+    out = []
+    for i in chosen:
+        ranks = rankdata((sums[i] / len(ids)).numpy(), axis=0)  # [position, channel]; ties share a rank
+        ranks -= ranks.mean(0)
+        spread = np.sqrt((ranks ** 2).sum(0) * (centred ** 2).sum())
+        rho = np.divide((ranks * centred[:, None]).sum(0), spread, out=np.zeros(ranks.shape[1]), where=spread > 0)
+        first, second = np.argsort(-np.abs(rho), kind="stable")[:2]
+        out.append({"layer": i, "channel": int(first), "correlation": float(rho[first]),
+                    "sign": 1 if rho[first] >= 0 else -1, "runner_up": int(second),
+                    "runner_up_correlation": float(rho[second]), "positions": width, "prompts": len(ids)})
+    return pd.DataFrame(out)
+
+
+def channel_scaling(table, scale: float = 0.0, layers=None, rows: str = "scored",
+                    shared: bool = False) -> ChannelScaling:
+    """A `ChannelScaling` from a `positional_channels` table: in `layers` (the table's when None) each layer's
+    own channel, or with `shared` one channel for all of them (the one found in most of those layers, ties to the
+    higher mean |correlation|), as Yu et al. scale one channel in every chosen layer (layers 10-25 of 32 in their
+    7B models).  `scale` 0 is their default factor (their search tries 0.5, 0, -0.5 and -1)."""
+    have = {int(r.layer): r for r in table.itertuples()}
+    chosen = sorted(have) if layers is None else [int(i) for i in layers]
+    missing = sorted(set(chosen) - set(have))
+    if not chosen or missing:
+        raise ConfigError(f"layers {missing or chosen} are not in the table (it has layers {sorted(have)}).")
+    _check_scale(scale)
+    if rows not in CHANNEL_ROWS:
+        raise ConfigError(f"rows must be one of {CHANNEL_ROWS}, not {rows!r}.")
+    channels = [int(have[i].channel) for i in chosen]
+    if shared:
+        def support(c):
+            return (channels.count(c), np.mean([abs(have[i].correlation) for i in chosen if have[i].channel == c]))
+        return ChannelScaling(max(sorted(set(channels)), key=support), tuple(chosen), float(scale), rows)
+    return ChannelScaling(tuple(channels), tuple(chosen), float(scale), rows)
+
+
+def _check_scale(scale) -> None:
+    low, high = SCALE_RANGE
+    ok = isinstance(scale, (int, float, np.integer, np.floating)) and not isinstance(scale, bool)
+    if not (ok and low <= float(scale) <= high):  # NaN fails the comparison too
+        raise ConfigError(f"the channel scale must lie in [{low:g}, {high:g}] (1: the plain model; 0 removes the "
+                          f"channel; Yu et al. chose -1 to 0.2), not {scale!r}.")
+
+
+def _channel_list(channels, n: int) -> list[int]:
+    """One channel index per chosen layer, from one index for all or one per layer."""
+    if isinstance(channels, (int, np.integer)) and not isinstance(channels, bool):
+        return [int(channels)] * n
+    try:
+        out = [int(c) for c in channels]
+    except (TypeError, ValueError):
+        raise ConfigError(f"channels must be one index or one per chosen layer, not {channels!r}.") from None
+    if len(out) != n:
+        raise ConfigError(f"{len(out)} channels given for {n} layers; give one channel per chosen layer, or one "
+                          "index for all.")
+    return out
+
+
+def _check_channels(iv: ChannelScaling, n_layers: int, hidden: int) -> None:
+    if iv.rows not in CHANNEL_ROWS:
+        raise ConfigError(f"rows must be one of {CHANNEL_ROWS} ('scored': the prompt's last token and after, as Yu "
+                          f"et al. do), not {iv.rows!r}.")
+    _check_scale(iv.scale)
+    if iv.layers is not None and (not iv.layers or len(set(iv.layers)) != len(iv.layers)):
+        raise ConfigError(f"layers must list at least one layer, each once (None: every layer), not {iv.layers!r}.")
+    channels = _channel_list(iv.channels, n_layers if iv.layers is None else len(iv.layers))
+    bad = sorted({c for c in channels if not 0 <= c < hidden})
+    if bad:
+        raise ConfigError(f"channels {bad} are outside the hidden state's {hidden} channels "
+                          f"(0-based: 0..{hidden - 1}).")
+
+
+def _layer_modules(lm: LoadedModel) -> tuple[dict, dict]:
+    """{layer index: attention module} and {layer index: the decoder layer holding it} of the language model."""
+    named = dict(lm.model.named_modules())
+    attention, blocks = {}, {}
+    for name, module in named.items():
+        projects = hasattr(module, "q_proj") and hasattr(module, "k_proj")
+        if projects and isinstance(getattr(module, "layer_idx", None), int):
+            attention[module.layer_idx] = module
+            blocks[module.layer_idx] = named[name.rpartition(".")[0]]
+    if len(attention) != lm.text_config.num_hidden_layers:
+        raise ConfigError(f"model {lm.name!r}: found {len(attention)} attention layers with query and key "
+                          f"projections, not its {lm.text_config.num_hidden_layers}.")
+    return attention, blocks
+
+
 def _rotary(lm: LoadedModel):
     """The model's rotary embedding module (the one that holds the inverse frequencies)."""
     for module in lm.model.modules():
@@ -216,7 +385,7 @@ def default_layers(lm: LoadedModel) -> tuple[int, ...]:
 def _check(lm: LoadedModel, iv) -> None:
     cfg = lm.text_config
     n_layers, n_kv = cfg.num_hidden_layers, cfg.num_key_value_heads
-    _check_layers(iv.layers, n_layers)
+    _check_layers(getattr(iv, "layers", None), n_layers)
     if isinstance(iv, Calibration):
         if iv.model != weights_fingerprint(lm):
             raise ConfigError(f"this calibration's bias was measured on another model (weights {iv.model!r}, not "
@@ -228,8 +397,12 @@ def _check(lm: LoadedModel, iv) -> None:
             raise ConfigError(f"layers {sliding} of {lm.name!r} attend through a sliding window; calibrate layers that "
                               f"attend over the whole prompt: {list(full_attention_layers(lm))}.")
         return
+    if isinstance(iv, ChannelScaling):
+        _check_channels(iv, n_layers, cfg.hidden_size)
+        return
     if not isinstance(iv, PositionalRescaling):
-        raise ConfigError(f"unknown intervention {type(iv).__name__}; use PositionalRescaling or Calibration.")
+        raise ConfigError(f"unknown intervention {type(iv).__name__}; use PositionalRescaling, Calibration, "
+                          "ChannelScaling or ParallelDocuments.")
     rows = iv.ratios if _per_layer(iv.ratios) else [iv.ratios]
     if _per_layer(iv.ratios) and len(rows) != n_layers:
         raise ConfigError(f"{len(rows)} rows of ratios given; {lm.name!r} has {n_layers} layers (give one row per "
@@ -243,8 +416,9 @@ def _check(lm: LoadedModel, iv) -> None:
 
 @contextlib.contextmanager
 def intervene(lm: LoadedModel, intervention):
-    """Run `lm` with `intervention` (a PositionalRescaling or a Calibration) inside the block; the model and its
-    identity are restored after.  None runs the plain model, so a loop over levers needs no special case."""
+    """Run `lm` with `intervention` (a PositionalRescaling, Calibration, ChannelScaling or ParallelDocuments)
+    inside the block; the model, its hooks and its identity are restored after, also after an error.  None runs
+    the plain model, so a loop over levers needs no special case."""
     import torch
 
     from .attention import attention_function
@@ -272,6 +446,8 @@ def intervene(lm: LoadedModel, intervention):
             n = lm.text_config.num_hidden_layers
             rows = intervention.ratios if _per_layer(intervention.ratios) else [intervention.ratios] * n
             _state.update(rotary=_rotary(lm), ratios=torch.tensor(rows, dtype=torch.float32, device=lm.device))
+        elif isinstance(intervention, ChannelScaling):
+            _state.update(_channel_state(lm, intervention))
         else:
             _state.update(tilt={layer: torch.exp(-intervention.strength * torch.tensor(b, dtype=torch.float32))
                                 for layer, b in zip(intervention.layers, intervention.bias)}, rows=None, labels={})
@@ -281,6 +457,8 @@ def intervene(lm: LoadedModel, intervention):
         try:
             yield lm
         finally:
+            for handle in _state.get("hooks", ()):
+                handle.remove()
             lm.identity.pop("intervention", None)
             _state.clear()
 
@@ -295,17 +473,22 @@ def calibrating() -> bool:
     return bool(_state) and isinstance(_state["iv"], Calibration)
 
 
+def scaling_channels() -> bool:
+    """Whether a channel scaling of the scored rows is active (they depend on where each prompt ends)."""
+    return bool(_state) and isinstance(_state["iv"], ChannelScaling) and _state["iv"].rows == "scored"
+
+
 @contextlib.contextmanager
 def scoring(prompts, offsets):
     """The runner's forward passes inside are over `prompts`, one per batch row, row b's prompt starting at key
-    index `offsets[b]` (its left padding).  Calibration reads each row's documents from it; a no-op
-    otherwise."""
-    if not calibrating():
+    index `offsets[b]` (its left padding).  Calibration reads each row's documents from it, channel scaling
+    where each prompt ends; a no-op otherwise."""
+    if not (calibrating() or scaling_channels()):
         yield
         return
-    layout = dict(_state["iv"].layout)
+    layout = dict(_state["iv"].layout) if calibrating() else None
     for p in prompts:
-        if prompt_layout(p) != layout:
+        if layout is not None and prompt_layout(p) != layout:
             raise ConfigError(f"prompt {p.example_id} has layout {prompt_layout(p)}, but the calibration's bias was "
                               f"measured on {layout}; measure position_bias in this layout (template, chat, "
                               "question placement, number of documents, doc_format).")
@@ -436,6 +619,84 @@ def _calibrate(module, query, key, value, attention_mask, scaling, softcap, pos,
                 2, doc_of[in_doc], w[..., in_doc]).cpu()))
 
 
+def _channel_state(lm: LoadedModel, iv: ChannelScaling) -> dict:
+    """Channel scaling's state: each chosen layer's channel, and forward pre-hooks that keep each chosen attention
+    module's input (the normalised hidden state) and rotary cos/sin for the attention function."""
+    attention, _ = _layer_modules(lm)
+    layers = list(range(lm.text_config.num_hidden_layers)) if iv.layers is None else [int(i) for i in iv.layers]
+    inputs: dict = {}
+
+    def keep(module, args, kwargs):
+        x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        inputs[module.layer_idx] = (x, kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1])
+
+    hooks = []
+    try:
+        for i in layers:
+            hooks.append(attention[i].register_forward_pre_hook(keep, with_kwargs=True))
+    except BaseException:
+        for handle in hooks:
+            handle.remove()
+        raise
+    return {"channel": dict(zip(layers, _channel_list(iv.channels, len(layers)))), "scale": float(iv.scale),
+            "inputs": inputs, "hooks": hooks, "rows": None}
+
+
+def _scaled_query_key(module, x, position_embeddings, channel: int, scale: float):
+    """Queries and keys [batch, head, token, dim] formed, by the layer's own projections, norms and rotary
+    embedding, from its attention input `x` with `channel` multiplied by `scale`."""
+    import sys
+
+    x = x.clone()
+    x[..., channel] *= scale
+    shape = (*x.shape[:-1], -1, module.head_dim)
+    query, key = module.q_proj(x).view(shape), module.k_proj(x).view(shape)
+    if hasattr(module, "q_norm"):  # Qwen3, Gemma 3: per-head norms before the rotation
+        query, key = module.q_norm(query), module.k_norm(key)
+    cos, sin = position_embeddings
+    return sys.modules[type(module).__module__].apply_rotary_pos_emb(query.transpose(1, 2), key.transpose(1, 2),
+                                                                      cos, sin)
+
+
+def _scale_channel(module, query, key, value, attention_mask, dropout, scaling, pos, kwargs):
+    """The layer's attention with its channel scaled for the scored rows (every row with rows="all"): their
+    scaled queries read the scaled keys, which replace this call's keys where the cache holds them.  The scored
+    rows come from a second SDPA call of the same shapes and mask, so scale 1 is the plain model to the bit."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    st = _state
+    x, position_embeddings = st["inputs"].pop(module.layer_idx)
+    q_bar, k_bar = _scaled_query_key(module, x, position_embeddings, st["channel"][module.layer_idx], st["scale"])
+    n_q = query.shape[2]
+    if st["iv"].rows == "all":
+        scored = torch.ones(pos.shape, dtype=torch.bool, device=pos.device)
+    elif st["rows"] is None:
+        raise ConfigError("channel scaling knows where each prompt ends through the runner: score with "
+                          "litm.runner.score (or sweep) inside intervene(), not with a bare model call.")
+    else:
+        prompts = st["rows"][0]
+        if len(prompts) != query.shape[0]:
+            raise ConfigError(f"the runner announced {len(prompts)} prompts for a batch of {query.shape[0]}.")
+        lengths = torch.tensor([len(p.input_ids) for p in prompts], device=pos.device)
+        scored = pos >= (lengths - 1)[:, None]  # [batch, query]: the prompt's last token and every token after it
+        if key.shape[2] > n_q and (~scored & (pos > 0)).any():  # pads (position 0) are never read
+            raise ConfigError("channel scaling keeps the scaled keys in the KV cache (as Yu et al. do), so a prompt "
+                              "cannot be prefilled in pieces (a prefix tree): score without shared_prefix.")
+    plain = None
+    if not scored.all():
+        plain, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                          **kwargs)
+    key[:, :, -n_q:, :] = k_bar  # in place: the cache keeps the scaled keys for the calls after this one
+    if not scored.any():
+        return plain, None
+    output, weights = sdpa_attention_forward(module, q_bar, key, value, attention_mask, dropout=dropout,
+                                             scaling=scaling, **kwargs)
+    if plain is not None:  # [batch, query, head, dim]
+        output = torch.where(scored.to(output.device)[:, :, None, None], output, plain)
+    return output, weights
+
+
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -447,6 +708,9 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         pos = torch.arange(key.shape[2] - query.shape[2], key.shape[2], device=query.device)[None]
     if active and "ratios" in st:
         query = _rescale(module, query, key, pos)
+    if active and "channel" in st:
+        return _scale_channel(module, query, key, value, attention_mask, dropout, scaling,
+                              pos.expand(query.shape[0], -1), kwargs)
     output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                              scaling=scaling, **kwargs)
     if active and "tilt" in st:
