@@ -1,11 +1,13 @@
-"""Time and peak memory of scoring one prompt with each intervention against the plain model.
+"""Time and peak memory of scoring one prompt with each in-model lever against the plain model.
 
 The same prompt's gold answer is scored by `runner.loglik` (the path a sweep takes) plainly, under attention
-calibration and under positional rescaling, each in its own process (peak memory is per process), side by
-side in one run and `--repeats` times in turn (plain, calibration, rescaling, plain, ...); the table gives the
-medians and the ratios of the medians to plain.  Both act in the second half of the full-attention layers,
-as notebook 08 does.  The calibration's bias is zeros of the prompt's layout: its values do not change the work done.  On
-CUDA (`--device cuda`) memory is the peak allocated by torch above what the weights hold.
+calibration, positional rescaling, channel scaling and parallel documents, each in its own process (peak memory
+is per process), side by side in one run and `--repeats` times in turn (plain, calibration, ..., plain, ...); the
+table gives the medians and the ratios of the medians to plain.  The first three act in the second half of the
+full-attention layers, as notebook 08 does.  The calibration's bias is zeros of the prompt's layout and channel
+scaling scales channel 0 by 0: the values do not change the work done.  Parallel documents score the same
+documents rendered as parallel blocks (`Variant(parallel=True)`: no document numbers, so a few tokens fewer).
+On CUDA (`--device cuda`) memory is the peak allocated by torch above what the weights hold.
 
     .venv/bin/python benchmarks/interventions.py --lengths 1024,2048,4096 --repeats 3
 """
@@ -41,7 +43,7 @@ def _heap_mb() -> float:
     return (info.uordblks + info.hblkhd) / 2**20
 
 
-METHODS = ("plain", "calibration", "rescaling")
+METHODS = ("plain", "calibration", "rescaling", "channel_scaling", "parallel")
 
 
 def _measure(method: str, model: str, length: int, device: str | None) -> dict:
@@ -52,8 +54,8 @@ def _measure(method: str, model: str, length: int, device: str | None) -> dict:
     import litm
     from litm import runner
     from litm.experiment import docs_for_length, load_examples
-    from litm.interventions import (Calibration, PositionalRescaling, default_layers, intervene, prompt_layout,
-                                    spaced_ratios, weights_fingerprint)
+    from litm.interventions import (Calibration, ChannelScaling, ParallelDocuments, PositionalRescaling,
+                                    default_layers, intervene, prompt_layout, spaced_ratios, weights_fingerprint)
     from litm.models import synchronize
     from litm.ordering import gold_at, with_num_documents
     from litm.prompts import Variant, render
@@ -62,13 +64,14 @@ def _measure(method: str, model: str, length: int, device: str | None) -> dict:
     cfg = litm.SweepConfig(task="qa", model=model, limit=1, positions=(0,), num_docs=1, scoring="loglik")
     n = docs_for_length(cfg, lm.tokenizer, length)
     ex = gold_at(with_num_documents(load_examples(replace(cfg, num_docs=400))[0], n), n // 2)
-    prompt = render(ex, lm.tokenizer, Variant())
+    prompt = render(ex, lm.tokenizer, Variant(parallel=method == "parallel"))
     text = lm.text_config
     layers = default_layers(lm)
     iv = {"plain": None,
           "calibration": Calibration(tuple(((0.0,) * n,) for _ in layers), layers, model=weights_fingerprint(lm),
                                      layout=tuple(sorted(prompt_layout(prompt).items()))),
-          "rescaling": PositionalRescaling(spaced_ratios(range(text.num_key_value_heads)), layers)}[method]
+          "rescaling": PositionalRescaling(spaced_ratios(range(text.num_key_value_heads)), layers),
+          "channel_scaling": ChannelScaling(0, layers, 0.0), "parallel": ParallelDocuments()}[method]
     cuda = lm.device.type == "cuda"
     with intervene(lm, iv):
         runner.loglik(lm, [prompt], [ex.answers[0]])  # warm-up
@@ -98,10 +101,10 @@ def main() -> int:
     if args.worker:
         print(json.dumps(_measure(args.worker[0], args.model, int(args.worker[1]), args.device)))
         return 0
-    print(f"model {args.model}; medians of {args.repeats} processes per method; calibration and rescaling in the "
-          "second half of the full-attention layers")
-    print(f"{'tokens':>7} " + " ".join(f"{m + ' s':>14} {m + ' MB':>15}" for m in METHODS)
-          + f" {'cal/plain t':>11} {'cal/plain m':>11} {'resc/plain t':>12} {'resc/plain m':>12}")
+    print(f"model {args.model}; medians of {args.repeats} processes per method; calibration, rescaling and channel "
+          "scaling in the second half of the full-attention layers; each lever's time and memory over plain's")
+    print(f"{'tokens':>7} {'plain s':>8} {'plain MB':>9} " + " ".join(f"{m + ' t':>17} {m + ' m':>17}"
+                                                               for m in METHODS[1:]))
     for length in [int(x) for x in args.lengths.split(",")]:
         runs: dict[str, list[dict]] = {}
         for _ in range(args.repeats):
@@ -111,11 +114,10 @@ def main() -> int:
                                      text=True, check=True)
                 runs.setdefault(method, []).append(json.loads(out.stdout.strip().splitlines()[-1]))
         row = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
-        p, c, r = (row[m] for m in METHODS)
-        print(f"{int(p['tokens']):7d} " + " ".join(f"{row[m]['seconds']:14.2f} {row[m]['extra_mb']:15.0f}"
-                                                 for m in METHODS)
-              + f" {c['seconds'] / p['seconds']:11.2f} {c['extra_mb'] / max(p['extra_mb'], 1):11.2f}"
-              f" {r['seconds'] / p['seconds']:12.2f} {r['extra_mb'] / max(p['extra_mb'], 1):12.2f}", flush=True)
+        p = row["plain"]
+        print(f"{int(p['tokens']):7d} {p['seconds']:8.2f} {p['extra_mb']:9.0f} " + " ".join(
+            f"{row[m]['seconds'] / p['seconds']:17.2f} {row[m]['extra_mb'] / max(p['extra_mb'], 1):17.2f}"
+            for m in METHODS[1:]), flush=True)
     return 0
 
 

@@ -49,10 +49,12 @@ def test_scale_one_is_the_plain_model(arch, rows):
     with intervene(lm, ChannelScaling(7, None, 1.0, rows)):
         neutral = _choice(lm, ex, prompt)
         neutral_ll = runner.score(lm, [prompt], [runner.target(ex, "loglik")], "loglik")[0].gold_loglik
-    assert max(abs(a - b) for a, b in zip(neutral, plain)) <= 1e-6
-    assert abs(neutral_ll - plain_ll) <= 1e-6
+    # 1e-5, as for the other levers at strength 0: the scored rows come from an SDPA call over fewer query rows,
+    # which rounds differently (measured: up to 4e-6 on these scores of tens of nats)
+    assert max(abs(a - b) for a, b in zip(neutral, plain)) <= 1e-5
+    assert abs(neutral_ll - plain_ll) <= 1e-5
     with intervene(lm, ChannelScaling(7, None, 0.0, rows)):  # the same channel removed does change the scores
-        assert max(abs(a - b) for a, b in zip(_choice(lm, ex, prompt), plain)) > 1e-5
+        assert max(abs(a - b) for a, b in zip(_choice(lm, ex, prompt), plain)) > 1e-4  # ten times the tolerance
     assert _hooks_left(lm) == 0
 
 

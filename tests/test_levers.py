@@ -40,7 +40,11 @@ def test_every_lever_runs_on_the_same_questions_apart(ran, tiny_lm):
              df.groupby("lever")}
     assert kinds == {"baseline": None, "shuffle": None, "u_shape": None, "attention_sort": None, "repeat": None,
                      "extractive": None, "calibration": "calibration", "rescaling": "positional_rescaling",
-                     "parallel": "parallel_documents"}
+                     "channel_scaling": "channel_scaling", "parallel": "parallel_documents"}
+    # channel scaling: the channel found on the held-out prompts, one for every chosen layer, scaled by 0
+    iv = json.loads(df.loc[df["lever"] == "channel_scaling", "sweep_config"].iloc[0])["intervention"]
+    assert iv["layers"] == [1] and iv["scale"] == 0.0 and iv["channels"] == int(prepared.channels["channel"].iloc[0])
+    assert prepared.channel_passes == cfg.channel_examples and list(prepared.channels["layer"]) == [1]
     assert "intervention" not in tiny_lm.identity
     # u_shape of 5 ranked documents is 1, 3, 5, 4, 2: ranks 1, 3, 5 sit at places 0, 4, 2
     u = df[df["lever"] == "u_shape"].groupby("position")["gold_index"].unique()
@@ -50,8 +54,10 @@ def test_every_lever_runs_on_the_same_questions_apart(ran, tiny_lm):
                          ("calibration", lambda g, b: (g == b).all())):
         got = df[df["lever"] == lever].set_index(["example_id", "position"])["prompt_tokens"]
         assert check(got, base["prompt_tokens"].reindex(got.index)), lever
-    cal = df[df["lever"] == "calibration"].set_index(["example_id", "position"])["gold_loglik"]
-    assert not np.allclose(cal, base["gold_loglik"].reindex(cal.index))
+    for lever in ("calibration", "channel_scaling"):  # same prompts, other scores
+        got = df[df["lever"] == lever].set_index(["example_id", "position"])
+        assert (got["prompt_tokens"] == base["prompt_tokens"].reindex(got.index)).all()
+        assert not np.allclose(got["gold_loglik"], base["gold_loglik"].reindex(got.index)), lever
 
 
 def test_the_shuffle_sorting_and_parallel_levers_place_the_documents_as_they_say(ran, tiny_lm):
@@ -156,7 +162,8 @@ def test_bad_lever_configs_are_clear_errors(tiny_lm):
                       (dict(levers=("u_shape",)), "keep 'baseline'"),
                       (dict(positions=(0, 9)), "at least three gold positions"),
                       (dict(ratios=(1.8, 1.2)), "0 < low <= high"),
-                      (dict(sort_rounds=0), "sort_rounds must be")):
+                      (dict(sort_rounds=0), "sort_rounds must be"),
+                      (dict(channel_scale=1.5), "channel scale must lie in \\[-1, 1\\]")):
         with pytest.raises(ConfigError, match=match):
             levers.LeverConfig(**kw)
     with pytest.raises(ConfigError, match="outside the model's 2 layers"):

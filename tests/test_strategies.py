@@ -80,6 +80,26 @@ def test_run_on_the_tiny_model_records_every_condition_and_resumes(tiny_lm, tmp_
         df.sort_values(["condition", "example_id"])["latency_s"].tolist()
 
 
+def test_attention_sorting_starts_from_the_retrievers_order_and_records_every_round(tiny_lm, tmp_path):
+    from litm.attention_study import document_masses
+
+    cfg = replace(CFG, strategies=("rank", "attention_sort"), oracle_positions=(), variants=("after",),
+                  results_dir=str(tmp_path))
+    df = S.run(cfg, tiny_lm).set_index("example_id")
+    attend = document_masses(tiny_lm, Variant())
+    for pool in S.load_pools(cfg):
+        row = df[df["arrangement"] == "attention_sort"].loc[pool.id]
+        orders = row["sort_orders"]
+        ranked = [d.id for d in S.retrieve(pool, cfg).ranked]
+        assert len(orders) == cfg.sort_rounds + 1 and orders[0] == ranked and row["doc_ids"] == orders[-1]
+        by_id = {d.id: d for d in pool.documents}
+        for before, after in zip(orders, orders[1:]):  # each round: ascending by the mass in the order before it
+            mass = attend(replace(pool, documents=tuple(by_id[i] for i in before)))
+            assert after == [before[i] for i in sorted(range(len(before)), key=lambda i: mass[i])]
+    with pytest.raises(ConfigError, match="sort_rounds"):
+        replace(CFG, sort_rounds=0)
+
+
 def test_a_missed_gold_is_wrong_under_forced_choice_and_scored_otherwise(tiny_lm, tmp_path, monkeypatch):
     # a retriever that ranks the gold last, so the top k misses it
     monkeypatch.setattr(S, "retrieval_scores", lambda ex, name: [-1.0 if d.is_gold else 1.0 for d in ex.documents])

@@ -661,7 +661,8 @@ def _scaled_query_key(module, x, position_embeddings, channel: int, scale: float
 def _scale_channel(module, query, key, value, attention_mask, dropout, scaling, pos, kwargs):
     """The layer's attention with its channel scaled for the scored rows (every row with rows="all"): their
     scaled queries read the scaled keys, which replace this call's keys where the cache holds them.  The scored
-    rows come from a second SDPA call of the same shapes and mask, so scale 1 is the plain model to the bit."""
+    rows come from a second SDPA call over the query columns that hold one (in a prefill, the last few), under
+    the same mask: scale 1 is the plain model up to the kernel's rounding."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -690,10 +691,20 @@ def _scale_channel(module, query, key, value, attention_mask, dropout, scaling, 
     key[:, :, -n_q:, :] = k_bar  # in place: the cache keeps the scaled keys for the calls after this one
     if not scored.any():
         return plain, None
-    output, weights = sdpa_attention_forward(module, q_bar, key, value, attention_mask, dropout=dropout,
-                                             scaling=scaling, **kwargs)
-    if plain is not None:  # [batch, query, head, dim]
-        output = torch.where(scored.to(output.device)[:, :, None, None], output, plain)
+    if plain is None:
+        return sdpa_attention_forward(module, q_bar, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    # only the query columns that hold a scored row (a prefill's last few): the scaled pass costs those rows
+    cols = scored.any(0).nonzero()[:, 0].to(query.device)
+    n_k = key.shape[2]
+    if attention_mask is None:  # plain causal: query i of this call is key n_k - n_q + i
+        mask = (torch.arange(n_k, device=query.device)[None, :] <= (n_k - n_q + cols)[:, None])[None, None]
+    else:
+        mask = attention_mask[:, :, cols, :]
+    sub, weights = sdpa_attention_forward(module, q_bar[:, :, cols], key, value, mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+    output = plain.clone()  # [batch, query, head, dim]
+    output[:, cols] = torch.where(scored[:, cols].to(sub.device)[:, :, None, None], sub, plain[:, cols])
     return output, weights
 
 

@@ -24,8 +24,8 @@ from .study import Item, Study
 from .types import Example
 
 LEVERS = ("baseline", "shuffle", "u_shape", "attention_sort", "repeat", "extractive", "calibration", "rescaling",
-          "parallel")
-INTERVENTIONS = ("calibration", "rescaling", "parallel")
+          "channel_scaling", "parallel")
+INTERVENTIONS = ("calibration", "rescaling", "channel_scaling", "parallel")
 BIASED = ("calibration", "rescaling")  # built from the positional bias `prepare` measures
 
 
@@ -36,7 +36,9 @@ class LeverConfig:
     as Found in the Middle's last 16 of 32) and take their positional bias from `bias_examples` held-out questions
     (2 measure each head's bias reproducibly on the default model: `interventions.calibration`).  Attention
     sorting reads the same layers' attention from the last token for `sort_rounds` rounds, on raw mass or (with
-    `sort_calibrated`) on log mass minus that bias.  The shuffle's seed is drawn per question from `seed`."""
+    `sort_calibrated`) on log mass minus that bias.  Channel scaling multiplies, in the same layers, the one
+    channel most correlated with position on `channel_examples` held-out prompts by `channel_scale` (Yu et al.'s
+    default 0).  The shuffle's seed is drawn per question from `seed`."""
 
     model: str = DEFAULT_MODEL
     num_docs: int = 10
@@ -48,6 +50,8 @@ class LeverConfig:
     strength: float = 1.0  # calibration: 0 the plain model, 1 the positional logit bias removed
     sort_rounds: int = 2  # attention sorting: scoring passes before the prompt is scored
     sort_calibrated: bool = False
+    channel_scale: float = 0.0  # channel scaling: 1 the plain model, 0 the channel removed (in [-1, 1])
+    channel_examples: int = 4  # held-out prompts the positional channel is found on
     ratios: tuple[float, float] = (1.2, 1.8)  # rescaling: Ms-PoE's range
     bias_examples: int = 2
     bias_seed: int = 99
@@ -76,8 +80,11 @@ class LeverConfig:
             raise ConfigError(f"gold positions {bad} are out of range for {self.num_docs} documents.")
         if len(self.positions) < 3:
             raise ConfigError("a middle penalty needs at least three gold positions (first, middle, last).")
-        if self.limit < 1 or self.bias_examples < 1:
-            raise ConfigError("limit and bias_examples must be at least 1.")
+        if self.limit < 1 or self.bias_examples < 1 or self.channel_examples < 1:
+            raise ConfigError("limit, bias_examples and channel_examples must be at least 1.")
+        from .interventions import _check_scale
+
+        _check_scale(self.channel_scale)
         if isinstance(self.sort_rounds, bool) or not isinstance(self.sort_rounds, int) or self.sort_rounds < 1:
             raise ConfigError(f"sort_rounds must be a whole number of at least 1, not {self.sort_rounds!r}.")
         if len(self.ratios) != 2 or not 0 < self.ratios[0] <= self.ratios[1]:
@@ -87,17 +94,23 @@ class LeverConfig:
 @dataclass(frozen=True)
 class Prepared:
     """What the intervention levers are built from, measured once per model: the positional bias (held-out
-    questions) and the seconds and forward passes it took."""
+    questions) and the seconds and forward passes it took; for channel scaling, each layer's positional channel
+    (`interventions.positional_channels`) and its seconds and passes."""
 
     bias: object
     layers: tuple[int, ...]
     seconds: float
     passes: int
+    channels: object = None
+    channel_seconds: float = 0.0
+    channel_passes: int = 0
 
 
 def prepare(config: LeverConfig, lm: LoadedModel) -> Prepared:
     """The positional bias of `lm` per layer and head on `config.bias_examples` held-out questions (another
-    seed), each question's documents rotated through every position: examples x documents forward passes."""
+    seed), each question's documents rotated through every position: examples x documents forward passes.  With
+    the channel-scaling lever, also each layer's positional channel on `config.channel_examples` other held-out
+    questions (the next seed), one pass each."""
     from .attention_study import position_bias
     from .data import generate_fictional_qa
     from .experiment import SweepConfig
@@ -117,17 +130,32 @@ def prepare(config: LeverConfig, lm: LoadedModel) -> Prepared:
                              template=config.template, chat=config.chat, progress=False)
     t0 = time.perf_counter()
     bias = position_bias(lm, sweep_like, held, progress=config.progress)
-    return Prepared(bias, layers, time.perf_counter() - t0, len(held) * config.num_docs)
+    seconds = time.perf_counter() - t0
+    channels, channel_seconds, channel_passes = None, 0.0, 0
+    if "channel_scaling" in config.levers:
+        from .interventions import positional_channels
+
+        t0 = time.perf_counter()
+        others = generate_fictional_qa(config.channel_examples, config.num_docs, config.bias_seed + 1,
+                                       config.sentences_per_doc)
+        variant = Variant(template=config.template, chat=config.chat)
+        channels = positional_channels(lm, [render(e, lm.tokenizer, variant) for e in others], layers)
+        channel_seconds, channel_passes = time.perf_counter() - t0, len(others)
+    return Prepared(bias, layers, seconds, len(held) * config.num_docs, channels, channel_seconds, channel_passes)
 
 
-def _needs_bias(config: LeverConfig) -> bool:
-    return bool(set(config.levers) & set(BIASED)) or ("attention_sort" in config.levers and config.sort_calibrated)
+def _needs_prepared(config: LeverConfig) -> bool:
+    return bool(set(config.levers) & {*BIASED, "channel_scaling"}) or (
+        "attention_sort" in config.levers and config.sort_calibrated)
 
 
 def _prepared(config: LeverConfig, lm: LoadedModel, prepared: Prepared | None) -> Prepared | None:
-    """`prepared`, or measured now when a lever built from the bias is asked for and none was given."""
-    if prepared is None and _needs_bias(config):
+    """`prepared`, or measured now when a lever built from it is asked for and none was given."""
+    if prepared is None and _needs_prepared(config):
         return prepare(config, lm)
+    if prepared is not None and "channel_scaling" in config.levers and prepared.channels is None:
+        raise ConfigError("this Prepared has no positional channels; measure it with prepare(config, lm) for a "
+                          "config whose levers include 'channel_scaling'.")
     return prepared
 
 
@@ -139,10 +167,13 @@ def question_seed(seed: int, example_id: str) -> int:
 def intervention(lever: str, config: LeverConfig, lm: LoadedModel, prepared: Prepared):
     """The intervention a lever switches on (None for a prompt-level lever)."""
     from .attention_study import position_awareness
-    from .interventions import ParallelDocuments, PositionalRescaling, calibration, ratios_from_awareness
+    from .interventions import (ParallelDocuments, PositionalRescaling, calibration, channel_scaling,
+                                ratios_from_awareness)
 
     if lever == "parallel":
         return ParallelDocuments()
+    if lever == "channel_scaling":  # one channel for every chosen layer, as Yu et al. scale it
+        return channel_scaling(prepared.channels, config.channel_scale, prepared.layers, shared=True)
     if lever == "calibration":
         return calibration(prepared.bias, prepared.layers, config.strength)
     if lever == "rescaling":
@@ -181,10 +212,13 @@ class Levers(Study):
             d["sort_layers"] = None if self.sort_layers is None else list(self.sort_layers)
             if self.sort_bias is not None:
                 d["sort_bias"] = [round(b, 6) for b in self.sort_bias]
-        if self.lever not in BIASED:  # their parameters enter through the model's run identity
-            for k in ("layers", "strength", "ratios"):
-                d.pop(k)
-        if self.lever not in BIASED and self.sort_bias is None:
+        if self.lever not in BIASED:  # their parameters enter through the model's run identity too
+            d.pop("strength"), d.pop("ratios")
+        if self.lever != "channel_scaling":
+            d.pop("channel_scale"), d.pop("channel_examples")
+        if self.lever not in (*BIASED, "channel_scaling"):
+            d.pop("layers")
+        if self.lever not in (*BIASED, "channel_scaling") and self.sort_bias is None:
             d.pop("bias_examples"), d.pop("bias_seed")
         return d
 
@@ -400,13 +434,15 @@ def costs(df, timing, prepared: Prepared | None = None, baseline: str = "baselin
     for lever, g in ok.groupby("lever", sort=False):
         sorted_ = lever == "attention_sort" and "sort_orders" in g
         one_off = prepared is not None and (lever in BIASED or (sorted_ and "sort_bias" in g["sweep_config"].iloc[0]))
+        channel = prepared is not None and lever == "channel_scaling"
         rows.append({"lever": lever, "n": len(g),
                      "extra_passes_per_prompt": float(g["sort_orders"].map(len).mean() - 1) if sorted_ else 0,
                      "prompt_tokens": float(g["prompt_tokens"].mean()),
                      "tokens_vs_baseline": float(g["prompt_tokens"].mean() / base_tokens),
                      "seconds_per_prompt": float(total[lever]), "seconds_vs_baseline": float(total[lever] / total[baseline]),
-                     "one_off_passes": prepared.passes if one_off else 0,
-                     "one_off_seconds": round(prepared.seconds, 1) if one_off else 0.0})
+                     "one_off_passes": prepared.passes if one_off else prepared.channel_passes if channel else 0,
+                     "one_off_seconds": round(prepared.seconds if one_off else prepared.channel_seconds if channel
+                                              else 0.0, 1)})
     return pd.DataFrame(rows)
 
 

@@ -14,7 +14,7 @@ from .errors import ConfigError, check_distinct
 from .experiment import SweepConfig
 from .metrics import parse_citations
 from .models import DEFAULT_MODEL, LoadedModel, load_model
-from .ordering import ORDERINGS, arrange, gold_at, ranked_top_k, with_num_documents
+from .ordering import ORDERINGS, arrange, attention_sort, gold_at, ranked_top_k, with_num_documents
 from .prompts import Variant, render
 from .retrieval import RETRIEVERS, scores as retrieval_scores
 from .runner import SCORINGS, target
@@ -28,6 +28,9 @@ BIAS_EXAMPLES = 3  # held-out questions for the attention retriever's positional
 VARIANTS = {"after": {}, "both": {"query_aware": True}, "repeat": {"repeat": True}, "xml": {"doc_format": "xml"},
             "cite": {"cite": True}}
 ORACLE_PREFIX = "gold@"
+# Orderings a strategy can name: the model-free ones over a ranked list, and attention sorting (the model's own
+# attention from the last token, `sort_rounds` rounds from the retriever's order; `ordering.attention_sort`)
+STRATEGY_ORDERINGS = tuple(s for s in ORDERINGS if s != "evidence_first") + ("attention_sort",)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class StrategyConfig:
     k: int = 10  # kept after retrieval
     retriever: str = "bm25"  # bm25 | dense | data | attention
     strategies: tuple[str, ...] = ("rank", "reverse", "u_shape", "langchain", "random")
+    sort_rounds: int = 2  # attention_sort: scoring passes before the prompt is scored
     oracle_positions: tuple[int, ...] = (0, 4, 9)  # the gold placed by hand among the k (0-based)
     variants: tuple[str, ...] = ("after", "both", "repeat", "xml")
     cross: bool = False
@@ -60,11 +64,12 @@ class StrategyConfig:
         for name in ("strategies", "oracle_positions", "variants"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         check_distinct(strategies=self.strategies, oracle_positions=self.oracle_positions, variants=self.variants)
-        usable = [s for s in ORDERINGS if s != "evidence_first"]
-        bad = [s for s in self.strategies if s not in usable]
+        bad = [s for s in self.strategies if s not in STRATEGY_ORDERINGS]
         if bad:
-            raise ConfigError(f"unknown or unsupported strategies {bad}: use {usable} (evidence_first needs a second "
-                              "score: use litm.ordering.reorder).")
+            raise ConfigError(f"unknown or unsupported strategies {bad}: use {list(STRATEGY_ORDERINGS)} "
+                              "(evidence_first needs a second score: use litm.ordering.reorder).")
+        if isinstance(self.sort_rounds, bool) or not isinstance(self.sort_rounds, int) or self.sort_rounds < 1:
+            raise ConfigError(f"sort_rounds must be a whole number of at least 1, not {self.sort_rounds!r}.")
         bad = [v for v in self.variants if v not in VARIANTS]
         if bad:
             raise ConfigError(f"unknown prompt variants {bad}: use {list(VARIANTS)}.")
@@ -187,7 +192,10 @@ class Strategies(Study):
         self.retrieved: dict[str, Retrieved] = {}
 
     def hashed(self) -> dict:
-        return {**super().hashed(), "data": data_identity(self.config.data, "qa")}
+        d = {**super().hashed(), "data": data_identity(self.config.data, "qa")}
+        if "attention_sort" not in self.config.strategies:  # hashed only when used, so earlier runs keep their folders
+            d.pop("sort_rounds")
+        return d
 
     def conditions(self) -> list[dict]:
         return [{"arrangement": a, "variant": v} for a, v in self.config.conditions()]
@@ -209,12 +217,22 @@ class Strategies(Study):
     def item(self, lm, condition: dict, pool: Example) -> Item:
         a, v = condition["arrangement"], condition["variant"]
         r = self.retrieved[pool.id]
-        ex = arranged(r, a, self.config.seed)
-        prompt = render(ex, lm.tokenizer, Variant(template=self.config.template, chat=self.config.chat, **VARIANTS[v]))
+        variant = Variant(template=self.config.template, chat=self.config.chat, **VARIANTS[v])
+        extra = {}
+        if a == "attention_sort":  # from the retriever's order, by the model's attention in this variant
+            from .attention_study import document_masses
+
+            ex, orders = attention_sort(replace(r.example, documents=r.ranked), document_masses(lm, variant),
+                                        self.config.sort_rounds)
+            extra = {"sort_orders": [list(o) for o in orders]}
+        else:
+            ex = arranged(r, a, self.config.seed)
+        prompt = render(ex, lm.tokenizer, variant)
         where = {d: i for i, d in enumerate(prompt.manifest.doc_ids)}
         fields = {"condition": f"{a}|{v}", "position": None, **condition, "gold_pool_rank": r.gold_pool_rank,
                   "gold_retrieved": r.gold_pool_rank is not None and r.gold_pool_rank <= len(r.ranked),
-                  "doc_ids": list(prompt.manifest.doc_ids), "rank_positions": [where.get(d.id) for d in r.ranked]}
+                  "doc_ids": list(prompt.manifest.doc_ids), "rank_positions": [where.get(d.id) for d in r.ranked],
+                  **extra}
         if self.scoring == "choice" and prompt.manifest.gold_index is None:
             # forced choice cannot pick an answer no shown document supports: a missed gold is wrong unscored
             return Item(ex.id, prompt, None, fields, {"correct": False})
