@@ -19,7 +19,7 @@ NOTEBOOKS = [
     ("03-attention-sinks-and-troughs", "LIMIT = 2\nPOSITIONS = (0, 9)\nCAL_EXAMPLES = 1\nSINK_LENGTHS = (250, 500)\n",
      ["03-sink-strength", "03-sink-map", "03-attention-heatmap", "03-attention-vs-accuracy", "03-calibrated-recall"]),
     ("04-reordering-strategies",
-     HELD_OUT + "POOL = 8\nK = 4\nSTRATEGIES = ('rank', 'langchain')\nORACLE_POSITIONS = (0,)\n"
+     HELD_OUT + "POOL = 8\nK = 4\nSTRATEGIES = ('rank', 'langchain', 'attention_sort', 'random')\nORACLE_POSITIONS = (0,)\n"
      "VARIANTS = ('after', 'xml')\nTIME_FIRST = 2\n",
      ["04-strategy-accuracy", "04-rank-placement", "04-accuracy-vs-cache-reuse"]),
     ("05-compression-strategies", HELD_OUT + "POSITIONS = (0, 9)\nBUDGETS = (300,)\n",
@@ -30,7 +30,7 @@ NOTEBOOKS = [
     ("07-diagnose-your-rag-prompt", HELD_OUT + "ORDERS = 2\n",
      ["07-diagnosis"]),
     ("08-interventions-inside-the-model", PLANNED + "NUM_DOCS = 5\nPOSITIONS = (0, 2, 4)\nBUDGET = 300\n",
-     ["08-lever-curves", "08-lever-forest"]),
+     ["08-lever-curves", "08-lever-curves-accuracy", "08-lever-forest"]),
 ]
 
 

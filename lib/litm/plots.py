@@ -443,27 +443,39 @@ def diagnosis_curves(measures_by_model, title: str | None = None):
     return _finish(fig, title)
 
 
-def lever_curves(curves, title: str | None = None, chance: float | None = None):
-    """Notebook 08: one panel per measure (`levers.by_position` tables, e.g. the margin and accuracy), each
-    lever's mean by the gold's rank in the retrieved list with its 95% band, the baseline in black."""
+def lever_curves(table, title: str | None = None, chance: float | None = None, columns: int = 3):
+    """Notebook 08: one small panel per lever (a `levers.by_position` table on one measure), the lever's mean by
+    the gold's rank in the retrieved list with its 95% band beside the baseline's (black), so no lever's range
+    squeezes another's; each panel's y range is set by its own two curves, and says its n."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(curves), figsize=(5.6 * len(curves), 4.2), squeeze=False)
-    for ax, table in zip(axes[0], curves):
-        m = as_measure(table["measure"].iloc[0])
-        for i, (lever, g) in enumerate(table.groupby("lever", sort=False)):
-            g = g.sort_values("position")
-            color = "black" if lever == "baseline" else f"C{i}"
-            ax.plot(g["position"] + 1, g["mean"], marker="o", color=color, linewidth=2.2 if lever == "baseline" else 1.2,
-                    label=f"{lever} (n = {int(g['n'].min())})")
-            ax.fill_between(g["position"] + 1, g["ci_low"], g["ci_high"], color=color, alpha=0.08)
+    m = as_measure(table["measure"].iloc[0])
+    names = [lv for lv in dict.fromkeys(table["lever"]) if lv != "baseline"]
+    rows = -(-len(names) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.9 * rows), squeeze=False, sharex=True)
+    base = table[table["lever"] == "baseline"].sort_values("position")
+    ranks = sorted(table["position"].unique() + 1)
+    for k, ax in enumerate(axes.flat):
+        if k >= len(names):
+            ax.set_visible(False)
+            continue
+        lever = names[k]
+        for g, color, label in ((base, OKABE_ITO[0], "baseline"),
+                                (table[table["lever"] == lever].sort_values("position"), OKABE_ITO[4], "the lever")):
+            ax.plot(g["position"] + 1, g["mean"], marker="o", color=color, linewidth=1.6, label=label)
+            ax.fill_between(g["position"] + 1, g["ci_low"], g["ci_high"], color=color, alpha=0.15)
         if m.binary and chance is not None:
             ax.axhline(chance, color="grey", linestyle="-.", linewidth=0.8, label="chance")
-        ax.set_xticks(sorted(table["position"].unique() + 1))
-        ax.set_xlabel("Rank of the gold document in the retrieved list (1 = first)")
-        ax.set_ylabel(_axis_label(m, "choice"))
+        n = int(table.loc[table["lever"].isin(["baseline", lever]), "n"].min())
+        ax.set_title(f"{lever} (n = {n})", fontsize=10)
+        ax.set_xticks(ranks)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+        if k % columns == 0:
+            ax.set_ylabel(_axis_label(m, "choice"), fontsize=9)
+        if k >= len(names) - columns:
+            ax.set_xlabel("Rank of the gold (1 = first)", fontsize=9)
+        ax.tick_params(labelbottom=True)
+    axes.flat[0].legend(fontsize=7, loc="best")
     return _finish(fig, title)
 
 
@@ -494,7 +506,7 @@ def lever_forest(changes, title: str | None = None):
         ax.axvline(0, color="grey", linestyle="--", linewidth=1)
         ax.set_yticks((len(levers) - 1 - np.arange(len(levers))) * (k + 1) + (k - 1) / 2, levers)
         n = int(changes.loc[changes["measure"] == name, "n"].max())
-        ax.set_xlabel(f"Lever minus baseline on the {m.name} ({m.unit}), 95% paired t interval, n = {n} questions",
+        ax.set_xlabel(f"Lever minus baseline on the {m.name} ({m.unit}),\n95% paired t interval, n = {n} questions",
                       fontsize=9)
         ax.grid(alpha=0.3, axis="x")
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
