@@ -282,3 +282,14 @@ def test_strategy_and_compression_figures_show_paired_differences_on_a_continuou
     assert row["arm"] == "truncate@250" and row["diff"] == pytest.approx(-0.5)
     fig = plots.accuracy_vs_kept_tokens(CS.summarize(comp), effects=ceff)
     assert len(fig.axes) == 2 and fig.axes[1].lines[0].get_xdata()[0] == pytest.approx(-0.5)
+
+
+def test_sort_rounds_name_only_the_attention_sorting_runs():
+    plain = S.Strategies(replace(CFG, strategies=("rank",)))
+    both = S.Strategies(replace(CFG, strategies=("rank", "attention_sort")))
+    rank = {"arrangement": "rank", "variant": "after"}
+    assert plain.run_config({}, rank) == both.run_config({}, rank)  # adding attention sorting moves no other run
+    sort = {"arrangement": "attention_sort", "variant": "after"}
+    assert both.run_config({}, sort)["sort_rounds"] == 2
+    assert both.run_config({}, sort) != S.Strategies(replace(CFG, strategies=("rank", "attention_sort"),
+                                                            sort_rounds=3)).run_config({}, sort)

@@ -197,6 +197,12 @@ class Strategies(Study):
             d.pop("sort_rounds")
         return d
 
+    def run_config(self, identity: dict, condition: dict | None = None) -> dict:
+        d = super().run_config(identity, condition)
+        if condition is not None and condition["arrangement"] != "attention_sort":  # only sorting's runs depend on it
+            d.pop("sort_rounds", None)
+        return d
+
     def conditions(self) -> list[dict]:
         return [{"arrangement": a, "variant": v} for a, v in self.config.conditions()]
 
