@@ -29,7 +29,10 @@ NOTEBOOKS = [
      ["06-depth-length-heatmap"]),
     ("07-diagnose-your-rag-prompt", HELD_OUT + "ORDERS = 2\n",
      ["07-diagnosis"]),
-    ("08-interventions-inside-the-model", PLANNED + "NUM_DOCS = 5\nPOSITIONS = (0, 2, 4)\nBUDGET = 300\n",
+    # six of the ten levers: each lever's own path is tested on tiny models (test_levers, test_parallel, ...)
+    ("08-interventions-inside-the-model", PLANNED + "NUM_DOCS = 5\nPOSITIONS = (0, 2, 4)\nBUDGET = 300\n"
+     "LEVERS = ('baseline', 'attention_sort', 'calibration', 'rescaling', 'channel_scaling', 'parallel')\n"
+     "BIAS_EXAMPLES, CHANNEL_EXAMPLES, SORT_ROUNDS = 1, 2, 1\n",
      ["08-lever-curves", "08-lever-curves-accuracy", "08-lever-forest"]),
 ]
 
