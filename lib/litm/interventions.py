@@ -289,7 +289,7 @@ def channel_scaling(table, scale: float = 0.0, layers=None, rows: str = "scored"
     missing = sorted(set(chosen) - set(have))
     if not chosen or missing:
         raise ConfigError(f"layers {missing or chosen} are not in the table (it has layers {sorted(have)}).")
-    _check_scale(scale)
+    check_scale(scale)
     if rows not in CHANNEL_ROWS:
         raise ConfigError(f"rows must be one of {CHANNEL_ROWS}, not {rows!r}.")
     channels = [int(have[i].channel) for i in chosen]
@@ -300,7 +300,8 @@ def channel_scaling(table, scale: float = 0.0, layers=None, rows: str = "scored"
     return ChannelScaling(tuple(channels), tuple(chosen), float(scale), rows)
 
 
-def _check_scale(scale) -> None:
+def check_scale(scale) -> None:
+    """A ConfigError unless `scale` is a number in SCALE_RANGE (channel scaling's factor)."""
     low, high = SCALE_RANGE
     ok = isinstance(scale, (int, float, np.integer, np.floating)) and not isinstance(scale, bool)
     if not (ok and low <= float(scale) <= high):  # NaN fails the comparison too
@@ -326,7 +327,7 @@ def _check_channels(iv: ChannelScaling, n_layers: int, hidden: int) -> None:
     if iv.rows not in CHANNEL_ROWS:
         raise ConfigError(f"rows must be one of {CHANNEL_ROWS} ('scored': the prompt's last token and after, as Yu "
                           f"et al. do), not {iv.rows!r}.")
-    _check_scale(iv.scale)
+    check_scale(iv.scale)
     if iv.layers is not None and (not iv.layers or len(set(iv.layers)) != len(iv.layers)):
         raise ConfigError(f"layers must list at least one layer, each once (None: every layer), not {iv.layers!r}.")
     channels = _channel_list(iv.channels, n_layers if iv.layers is None else len(iv.layers))

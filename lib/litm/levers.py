@@ -82,9 +82,9 @@ class LeverConfig:
             raise ConfigError("a middle penalty needs at least three gold positions (first, middle, last).")
         if self.limit < 1 or self.bias_examples < 1 or self.channel_examples < 1:
             raise ConfigError("limit, bias_examples and channel_examples must be at least 1.")
-        from .interventions import _check_scale
+        from .interventions import check_scale
 
-        _check_scale(self.channel_scale)
+        check_scale(self.channel_scale)
         if isinstance(self.sort_rounds, bool) or not isinstance(self.sort_rounds, int) or self.sort_rounds < 1:
             raise ConfigError(f"sort_rounds must be a whole number of at least 1, not {self.sort_rounds!r}.")
         if len(self.ratios) != 2 or not 0 < self.ratios[0] <= self.ratios[1]:
