@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import ConfigError, StatsError, check_distinct
 from .models import DEFAULT_MODEL, LoadedModel, load_model
-from .ordering import arrange, attention_sort, gold_at, random_order
+from .ordering import arrange, attention_sort, check_rounds, gold_at, random_order
 from .prompts import Variant, render
 from .runner import target
 from .study import Item, Study
@@ -85,8 +85,7 @@ class LeverConfig:
         from .interventions import check_scale
 
         check_scale(self.channel_scale)
-        if isinstance(self.sort_rounds, bool) or not isinstance(self.sort_rounds, int) or self.sort_rounds < 1:
-            raise ConfigError(f"sort_rounds must be a whole number of at least 1, not {self.sort_rounds!r}.")
+        check_rounds(self.sort_rounds, "sort_rounds")
         if len(self.ratios) != 2 or not 0 < self.ratios[0] <= self.ratios[1]:
             raise ConfigError(f"ratios must be (low, high) with 0 < low <= high, not {self.ratios}.")
 

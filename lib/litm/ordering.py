@@ -139,6 +139,12 @@ def reorder(example: Example, scores: Sequence[float], strategy: str, k: int | N
 # ----------------------------------------------------------------------------- attention sorting
 # Not in ORDERINGS: `arrange` orders a ranked list without a model, while attention sorting needs the example
 # and a scorer, and returns the orders it went through.  A study calls it directly.
+def check_rounds(rounds, name: str = "rounds") -> None:
+    """A ConfigError unless attention sorting's `rounds` is a whole number of at least 1."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ConfigError(f"{name} must be a whole number of at least 1 (one scoring pass per round), got {rounds!r}.")
+
+
 def attention_sort(example: Example, attend: Callable[[Example], Sequence[float]], rounds: int = 1,
                    bias: Sequence[float] | None = None) -> tuple[Example, list[tuple[str, ...]]]:
     """Attention sorting (Peysakhovich and Lerer 2023): score the prompt, move the most attended document last
@@ -147,8 +153,7 @@ def attention_sort(example: Example, attend: Callable[[Example], Sequence[float]
     with `bias` (nats per position, e.g. `slot_bias` averaged over layers and heads) documents are sorted by
     log mass minus the bias at their position.  The sort is ascending and stable (ties keep their order).
     Returns the sorted example and the document ids' order before each round and after the last."""
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ConfigError(f"rounds must be a whole number of at least 1 (one scoring pass per round), got {rounds!r}.")
+    check_rounds(rounds)
     docs = list(example.documents)
     if not docs:
         raise ConfigError(f"example {example.id} has no documents to sort; give it at least one.")

@@ -14,7 +14,7 @@ from .errors import ConfigError, check_distinct
 from .experiment import SweepConfig
 from .metrics import parse_citations
 from .models import DEFAULT_MODEL, LoadedModel, load_model
-from .ordering import ORDERINGS, arrange, attention_sort, gold_at, ranked_top_k, with_num_documents
+from .ordering import ORDERINGS, arrange, attention_sort, check_rounds, gold_at, ranked_top_k, with_num_documents
 from .prompts import Variant, render
 from .retrieval import RETRIEVERS, scores as retrieval_scores
 from .runner import SCORINGS, target
@@ -68,8 +68,7 @@ class StrategyConfig:
         if bad:
             raise ConfigError(f"unknown or unsupported strategies {bad}: use {list(STRATEGY_ORDERINGS)} "
                               "(evidence_first needs a second score: use litm.ordering.reorder).")
-        if isinstance(self.sort_rounds, bool) or not isinstance(self.sort_rounds, int) or self.sort_rounds < 1:
-            raise ConfigError(f"sort_rounds must be a whole number of at least 1, not {self.sort_rounds!r}.")
+        check_rounds(self.sort_rounds, "sort_rounds")
         bad = [v for v in self.variants if v not in VARIANTS]
         if bad:
             raise ConfigError(f"unknown prompt variants {bad}: use {list(VARIANTS)}.")
