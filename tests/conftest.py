@@ -113,3 +113,20 @@ def tiny_lm(tiny_model_dir):
     from litm.models import load_model
 
     return load_model(str(tiny_model_dir), device="cpu", dtype="float32", reuse=False)
+
+
+def family_case(tmp_path_factory, arch: str):
+    """A tiny model of `arch` (float32, CPU), a generated question with its gold third of five and the question's
+    prompt, longer than three of Qwen2's and Gemma 3's 24-token sliding windows: the shared case of the
+    intervention tests."""
+    from litm.data import generate_fictional_qa
+    from litm.models import load_model
+    from litm.ordering import gold_at
+    from litm.prompts import Variant, render
+
+    d = build_tiny_model(tmp_path_factory.mktemp(f"case-{arch}"), arch=arch)
+    lm = load_model(str(d), device="cpu", dtype="float32", reuse=False)
+    ex = gold_at(generate_fictional_qa(1, 5, seed=4, sentences_per_doc=2)[0], 2)
+    prompt = render(ex, lm.tokenizer, Variant())
+    assert len(prompt.input_ids) > 3 * 24  # past the sliding windows of Qwen2 and Gemma 3
+    return lm, ex, prompt

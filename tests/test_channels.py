@@ -18,19 +18,14 @@ from litm.models import load_model, run_identity
 from litm.ordering import gold_at
 from litm.prompts import Variant, render
 
-from conftest import build_tiny_model
+from conftest import build_tiny_model, family_case
 
 PLANTED_LAYER, PLANTED_CHANNEL, SLOPE = 1, 13, -1e-3  # the hidden state entering layer 1 falls along channel 13
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
 def arch(request, tmp_path_factory):
-    d = build_tiny_model(tmp_path_factory.mktemp(f"ch-{request.param}"), arch=request.param)
-    lm = load_model(str(d), device="cpu", dtype="float32", reuse=False)
-    ex = gold_at(generate_fictional_qa(1, 5, seed=4, sentences_per_doc=2)[0], 2)
-    prompt = render(ex, lm.tokenizer, Variant())
-    assert len(prompt.input_ids) > 3 * 24  # past the sliding windows of Qwen2 and Gemma 3
-    return lm, ex, prompt
+    return family_case(tmp_path_factory, request.param)
 
 
 def _choice(lm, ex, prompt):
