@@ -7,27 +7,30 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.notebook
 
-SMALL = "POSITIONS = (0, 4, 9)\n"
+# five documents (or pairs) instead of ten: prompts half as long, the same code paths
+SMALL = "NUM_DOCS = 5\nPOSITIONS = (0, 2, 4)\n"
 # the pilot on the study's own seed, so the study reuses the pilot's records
-PLANNED = "PILOT, PILOT_SEED, MOST = 3, SEED, 3\n"
+PLANNED = "PILOT, PILOT_SEED, MOST = 3, SEED, 2\n"
 # a pilot held out from the study (another seed, or a file's first cases), as the notebook checks
-HELD_OUT = "PILOT, MOST = 3, 3\n"
+HELD_OUT = "PILOT, MOST = 3, 2\n"
 NOTEBOOKS = [
-    ("00-tour-move-the-answer", "QUESTIONS = 2\n", []),
-    ("01-kv-retrieval-position-sweep", SMALL + HELD_OUT, ["01-kv-position-curve"]),
+    ("00-tour-move-the-answer", "QUESTIONS = 2\nNUM_DOCS = 5\n", []),
+    ("01-kv-retrieval-position-sweep", "NUM_PAIRS = 5\nPOSITIONS = (0, 2, 4)\n" + HELD_OUT, ["01-kv-position-curve"]),
     ("02-multidoc-qa-position-sweep", SMALL + HELD_OUT, ["02-qa-position-curve"]),
-    ("03-attention-sinks-and-troughs", "LIMIT = 2\nPOSITIONS = (0, 9)\nCAL_EXAMPLES = 1\nSINK_LENGTHS = (250, 500)\n",
+    ("03-attention-sinks-and-troughs",
+     "LIMIT = 2\nNUM_DOCS = 5\nPOSITIONS = (0, 4)\nCAL_EXAMPLES = 1\nSINK_LENGTHS = (250, 500)\n",
      ["03-sink-strength", "03-sink-map", "03-attention-heatmap", "03-attention-vs-accuracy", "03-calibrated-recall"]),
     ("04-reordering-strategies",
-     HELD_OUT + "POOL = 8\nK = 4\nSTRATEGIES = ('rank', 'langchain', 'attention_sort', 'random')\nORACLE_POSITIONS = (0,)\n"
-     "VARIANTS = ('after', 'xml')\nTIME_FIRST = 2\n",
+     HELD_OUT + "POOL = 8\nK = 4\nSTRATEGIES = ('rank', 'langchain', 'attention_sort', 'random')\n"
+     "ORACLE_POSITIONS = (0,)\n"
+     "VARIANTS = ('after', 'xml')\nSHARED, TIME_FIRST = 3, 1\n",
      ["04-strategy-accuracy", "04-rank-placement", "04-accuracy-vs-cache-reuse"]),
-    ("05-compression-strategies", HELD_OUT + "POSITIONS = (0, 9)\nBUDGETS = (300,)\n",
+    ("05-compression-strategies", HELD_OUT + "NUM_DOCS = 5\nPOSITIONS = (0, 4)\nBUDGETS = (200,)\n",
      ["05-accuracy-vs-tokens", "05-evidence-survival", "05-position-curves"]),
     ("06-statistics-and-reporting",
-     "LIMIT = 4\nPOSITIONS = (0, 4, 9)\nLENGTHS = (250, 500)\nDEPTHS = 4\nGRID_LIMIT = 3\n",
+     "LIMIT = 4\n" + SMALL + "LENGTHS = (250, 500)\nDEPTHS = 4\nGRID_LIMIT = 3\n",
      ["06-depth-length-heatmap"]),
-    ("07-diagnose-your-rag-prompt", HELD_OUT + "ORDERS = 2\n",
+    ("07-diagnose-your-rag-prompt", HELD_OUT + "ORDERS = 2\nDEPTHS = (0.0, 0.5, 0.95)\n",
      ["07-diagnosis"]),
     # six of the ten levers: each lever's own path is tested on tiny models (test_levers, test_parallel, ...)
     ("08-interventions-inside-the-model", PLANNED + "NUM_DOCS = 5\nPOSITIONS = (0, 2, 4)\nBUDGET = 300\n"
