@@ -31,7 +31,7 @@ NOTEBOOKS = [
      "LIMIT = 4\n" + SMALL + "LENGTHS = (250, 500)\nDEPTHS = 4\nGRID_LIMIT = 3\n",
      ["06-depth-length-heatmap"]),
     # the comparison's second model is a tiny random Gemma 3 (Gemma 3 270M's own loading and attention are tested in
-    # test_default_model and test_attention): the two-model path, at a third of the time
+    # test_default_model and test_attention): the two-model path, in under half the time
     ("07-diagnose-your-rag-prompt",
      HELD_OUT + "ORDERS = 2\nDEPTHS = (0.0, 0.5, 0.95)\nSECOND_MODEL = {tiny_gemma3!r}\n",
      ["07-diagnosis"]),
