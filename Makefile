@@ -1,5 +1,5 @@
-# Two commands: `make reproduce` (run the notebooks, write figures/) and `make test`; `make lab` opens them in
-# JupyterLab. Each creates .venv and installs pinned dependencies on first use.
+# Two commands: `make reproduce` (run the notebooks, write figures/ and notebooks/executed/) and `make test`;
+# `make lab` opens them in JupyterLab. Each creates .venv and installs pinned dependencies on first use.
 # On a CUDA machine, `make gpu-check` (no .venv: that machine's own Python, torch and transformers).
 PYTHON ?= python3
 VENV ?= .venv
@@ -29,9 +29,13 @@ lab: setup
 	$(PY) -m ipykernel install --user --name litm --display-name "Python (litm)"
 	$(PY) -m jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
+# Runs the notebooks in order through papermill, rewriting figures/ and the executed copies in notebooks/executed/
+# (committed, for readers who browse). NB_PARAMS sets config values in every notebook that declares them, e.g.
+# make reproduce NB_PARAMS="-p MODEL gemma3-270m" NOTEBOOKS=notebooks/02-multidoc-qa-position-sweep.ipynb
+NB_PARAMS ?=
 reproduce: setup
-	mkdir -p figures build/notebooks
-	$(PY) -m litm.notebooks $(NOTEBOOKS)
+	mkdir -p figures
+	$(PY) -m litm.notebooks $(NOTEBOOKS) $(NB_PARAMS)
 
 test: setup
 	$(PY) -m pytest -q
