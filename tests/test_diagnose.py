@@ -104,7 +104,7 @@ def test_latin_square_puts_each_distractor_next_to_the_gold_equally_often(tmp_pa
 
 
 def test_prompt_length_stays_within_tolerance_across_placements(tiny_lm):
-    tol = 0.01  # stated in the README: prompts of one case differ by at most 1% across placements and orders
+    tol = 0.01  # stated in docs/diagnosis.md: prompts of one case differ by at most 1% across placements and orders
     for case in dg.read_cases(SAMPLE):
         for variant in (dg.DiagnoseConfig().variant(), dg.DiagnoseConfig(template=str(TEMPLATE)).variant()):
             lengths = [len(render(t.example, tiny_lm.tokenizer, variant).input_ids)

