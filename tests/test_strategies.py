@@ -156,6 +156,7 @@ def test_summary_is_paired_against_the_baseline():
     assert (e.loc["u|after", "diff_low"], e.loc["u|after", "diff_high"]) == pytest.approx((1 / 3 - half, 1 / 3 + half))
     place = S.rank_placement(df, ranks=2).set_index(["arrangement", "rank"])
     assert place.loc[("u", 2), "after"] == 1.0 and place.loc[("r", 2), "before"] == 1.0
+    assert (place.loc[("r", 1), "mean_position"], place.loc[("r", 1), "min_position"]) == (1.0, 1)
     with pytest.raises(StatsError, match="baseline"):
         S.effects(df, baseline="x|y")
 
@@ -214,7 +215,7 @@ def test_strategy_figures_draw_from_tables(tmp_path):
     layouts = pd.DataFrame({"layout": list(prefix.LAYOUTS), "accuracy": [0.2, 0.4, 0.5], "ci_low": [0.1, 0.2, 0.3],
                             "ci_high": [0.5, 0.6, 0.7], "reuse_fraction": [0.9, 0.1, 0.8], "speedup": [3.0, 1.0, 2.5]})
     for name, fig in {"acc": plots.strategy_accuracy(S.summarize(df), chance=0.25),
-                      "place": plots.rank_placement_bars(S.rank_placement(df)),
+                      "place": plots.rank_placement(S.rank_placement(df)),
                       "reuse": plots.accuracy_vs_reuse(layouts)}.items():
         png, _ = plots.save_figure(fig, name, tmp_path)
         assert png.stat().st_size > 1000

@@ -295,7 +295,9 @@ def _sweep(args):
         if args.figure:
             from .plots import position_curve, save_figure
 
-            for p in save_figure(position_curve(df, title=f"{cfg.task} - {cfg.model}"), args.figure):
+            fig = position_curve(df, title=f"{cfg.task} - {cfg.model}",
+                                 unit="key-value pair" if cfg.task == "kv" else "document")
+            for p in save_figure(fig, args.figure):
                 print(f"wrote {p}")
         return 0
     return work

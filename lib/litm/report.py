@@ -221,7 +221,8 @@ def write_report(paths, out_dir: str | Path = "reports", primary: str | None = N
     for r in reports:
         g = df[df["sweep_id"] == r.sweep_id]
         fig = position_curve(g, title=f"{r.config.get('task')} - {r.config.get('model')}",
-                             measure=None if r.primary.binary else r.primary.name)
+                             measure=None if r.primary.binary else r.primary.name,
+                             unit="key-value pair" if r.config.get("task") == "kv" else "document")
         figures += save_figure(fig, f"position-curve-{r.sweep_id}", out)
         plt.close(fig)
     return {"markdown": md, "latex": tex, "csv": out / "report.csv", "figures": figures, "reports": reports}

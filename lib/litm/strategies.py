@@ -292,7 +292,8 @@ def effects(df, baseline: str | None = None):
 
 def rank_placement(df, ranks: int = 3):
     """Where each arrangement put the retriever's top `ranks` documents: the share of prompts with rank r
-    in the first half of the documents ("before") or the second ("after")."""
+    in the first half of the documents ("before") or the second ("after"), and its place (1-based) as a mean,
+    the least and the greatest over the prompts."""
     import pandas as pd
 
     rows = []
@@ -303,6 +304,8 @@ def rank_placement(df, ranks: int = 3):
             before = sum(1 for p in pos if p < n_docs / 2)
             rows.append({"arrangement": a, "variant": v, "rank": r, "before": before / max(1, len(pos)),
                          "after": (len(pos) - before) / max(1, len(pos)),
-                         "mean_position": sum(pos) / max(1, len(pos)) + 1})
+                         "mean_position": sum(pos) / max(1, len(pos)) + 1,
+                         "min_position": min(pos, default=-2) + 1, "max_position": max(pos, default=-2) + 1,
+                         "n": len(pos), "num_docs": int(n_docs)})
     return pd.DataFrame(rows)
 

@@ -10,9 +10,10 @@ from .. import stats
 
 
 def measures(df):
-    """Per placement (and length) and for the baselines: accuracy with its Wilson interval, supported
-    accuracy, wrong-source and abstention rates, how often the gold made it into the prompt, where it
-    started (token offset, and depth within the document region) and the prompt length."""
+    """Per placement (and length) and for the baselines: accuracy with its Wilson interval, the gold's margin
+    with a t interval over cases (forced choice), supported accuracy, wrong-source and abstention rates, how
+    often the gold made it into the prompt, where it started (token offset, and depth within the document
+    region) and the prompt length."""
     import pandas as pd
 
     rows = []
@@ -26,14 +27,22 @@ def measures(df):
 
 
 def _measure_row(g, label, length, placement) -> dict:
+    import pandas as pd
+
     def mean(x) -> float:  # nan without a value
         return float(x.mean()) if x.notna().any() else float("nan")
 
     ok = g[g["status"] == "ok"]
     acc, lo, hi = stats.proportion_interval(ok["correct"].astype(bool))  # scored prompts: never None
     sup = ok["supported"].dropna() if "supported" in ok else []
+    # the margin (forced choice): each case's mean over its orders, then a t interval over cases, the unit the
+    # verdict reads (a case's prompts share their documents, so they are not independent)
+    margins = ok.assign(m=pd.to_numeric(ok["gold_margin"], errors="coerce")).groupby("case_id")["m"].mean().dropna() \
+        if "gold_margin" in ok else []
+    margin = stats.mean_interval(margins) if len(margins) else (float("nan"),) * 3
     return {"condition": label, "length": length, "placement": placement, "n": len(g), "scored": len(ok),
-            "accuracy": acc, "ci_low": lo, "ci_high": hi,
+            "cases": int(g["case_id"].nunique()), "accuracy": acc, "ci_low": lo, "ci_high": hi,
+            "margin": margin[0], "margin_low": margin[1], "margin_high": margin[2],
             "supported": float(np.mean(sup.astype(bool))) if len(sup) else float("nan"),
             "wrong_source": mean(ok["wrong_source"]), "abstained": mean(ok["abstained"]),
             "gold_in_prompt": float(g["gold_in_prompt"].mean()), "gold_token_start": mean(g["gold_token_start"]),
