@@ -46,8 +46,7 @@ def reference_line(ax, value: float, label: str, limits: tuple[float, float], co
     span), else a labelled arrow at the top or bottom edge, so that a far baseline does not set the axis.
     Returns whether it was drawn as a line."""
     lo, hi = limits
-    reach = max(hi - lo, 1e-9) / 2
-    if lo - reach <= value <= hi + reach:
+    if near(value, limits):
         ax.axhline(value, color=color, linestyle=linestyle, linewidth=1.2, label=label)
         return True
     top = value > hi
@@ -55,6 +54,17 @@ def reference_line(ax, value: float, label: str, limits: tuple[float, float], co
                 0.02 + 0.08 * slot), xycoords="axes fraction", ha="right", va="top" if top else "bottom",
                 color=color, fontsize=9, bbox=dict(boxstyle="round,pad=0.2", fc="white", ec=color, lw=0.8))
     return False
+
+
+def near(value: float, limits: tuple[float, float]) -> bool:
+    """Whether a baseline lies within reach of the data: inside `limits` widened by half their span."""
+    reach = max(limits[1] - limits[0], 1e-9) / 2
+    return limits[0] - reach <= value <= limits[1] + reach
+
+
+def counts(values) -> str:
+    """Sample sizes for a label: "12", or "11/12" where they differ."""
+    return "/".join(str(v) for v in sorted({int(v) for v in values}))
 
 
 def data_limits(*arrays, pad: float = 0.08) -> tuple[float, float]:
@@ -105,7 +115,7 @@ def _n_note(table, what: str = "questions at each position") -> str:
     """A second x-label line with the table's n ("n = 12", or "n = 11/12" where they differ); empty without n."""
     if "n" not in table or not len(table):
         return ""
-    return f"\nn = {'/'.join(str(v) for v in sorted(set(table['n'].dropna().astype(int))))} {what}"
+    return f"\nn = {counts(table['n'].dropna())} {what}"
 
 
 def _new_axes(ax, size):
@@ -185,8 +195,7 @@ def position_curve(df, label_by: str | None = None, ax=None, title: str | None =
             else:
                 slots += 1
         a.set_ylim(*limits)
-        count = "/".join(str(n) for n in sorted(ns))
-        a.set_xlabel(f"Position of the gold {unit} (1 = first)\nn = {count} questions at each position")
+        a.set_xlabel(f"Position of the gold {unit} (1 = first)\nn = {counts(ns)} questions at each position")
         a.set_ylabel(_axis_label(m, scoring))
         if xs:
             a.set_xticks(xs)
@@ -411,8 +420,7 @@ def strategy_accuracy(summary, title: str | None = None, chance: float | None = 
         ax.legend(fontsize=8, loc="lower right")
     ax.set_yticks(y, [c.replace("|", " · ") for c in summary["condition"]])
     ax.set_xlim(-0.02, 1.02)
-    ax.set_xlabel(f"Accuracy (95% Wilson interval)\nn = {'/'.join(str(int(v)) for v in sorted(set(summary['n'])))} "
-                  "questions per condition")
+    ax.set_xlabel(f"Accuracy (95% Wilson interval)\nn = {counts(summary['n'])} questions per condition")
     ax.grid(alpha=0.3, axis="x")
     if bx is not None:
         base = summary["condition"].iloc[0]
@@ -446,7 +454,7 @@ def rank_placement(placement, title: str | None = None):
     ax.set_yticks(y, arrangements)
     ax.set_xticks(range(1, k + 1))
     ax.set_xlim(0.5, k + 0.5)
-    n = "/".join(str(v) for v in sorted(set(base["n"].astype(int))))
+    n = counts(base["n"])
     ax.set_xlabel("Place in the prompt (1 = first document; shaded: second half)\n"
                   f"marker: the mean; line: least to greatest; n = {n} prompts per arrangement")
     ax.grid(alpha=0.3, axis="x")
@@ -583,9 +591,8 @@ def diagnosis_curves(measures_by_model, title: str | None = None):
                     base.append((xi, float(r[col]), (float(r[lo_col]), float(r[hi_col])) if lo_col else None,
                                  color, cond))
         limits = (-0.02, 1.02) if col != "margin" else data_limits(*spans)
-        reach = (limits[1] - limits[0]) / 2
         for xi, value, ci, color, cond in base:
-            if limits[0] - reach <= value <= limits[1] + reach:
+            if near(value, limits):
                 err = None if ci is None or not np.isfinite(ci).all() else [[value - ci[0]], [ci[1] - value]]
                 ax.errorbar([xi], [value], yerr=err, fmt="D" if cond == "oracle" else "v", color=color, capsize=2,
                             markersize=5)
@@ -605,9 +612,8 @@ def diagnosis_curves(measures_by_model, title: str | None = None):
         ax.set_xlim(-5, 150)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    n = "/".join(sorted({f"{int(r.n)}" for _, m in measures_by_model
-                         for r in m[m["placement"].notna() & (m["length"] == 1)].itertuples()}))
-    cases = "/".join(sorted({f"{int(m['cases'].max())}" for _, m in measures_by_model if "cases" in m}))
+    n = counts(r.n for _, m in measures_by_model for r in m[m["placement"].notna() & (m["length"] == 1)].itertuples())
+    cases = counts(m["cases"].max() for _, m in measures_by_model if "cases" in m)
     for ax in axes[len(panels) - 2:len(panels)]:
         ax.set_xlabel(f"Depth where the gold starts in the document region\n"
                       f"n = {n} prompts per depth" + (f" ({cases} cases)" if cases else ""))
