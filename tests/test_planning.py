@@ -9,7 +9,7 @@ from scipy.stats import chi2
 from statsmodels.stats.power import TTestPower
 
 from litm import planning
-from litm.errors import StatsError
+from litm.errors import ConfigError, StatsError
 
 
 def pilot_records(penalties, seconds: float = 0.5) -> pd.DataFrame:
@@ -145,3 +145,19 @@ def test_a_primary_measure_the_scoring_does_not_record_is_a_clear_error_before_t
     generated = pilot_records([1.0, 0.5, 2.0]).assign(gold_margin=None, gold_loglik=None)
     with pytest.raises(StatsError, match="hold no gold margin"):
         planning.plan(generated, lambda d: planning.middle_penalties(d, "margin"), "margin", most=10)
+
+
+def test_the_budget_follows_the_dtype_the_model_runs_in():
+    class LM:  # what `budget` reads of a loaded model: its run identity
+        def __init__(self, dtype):
+            self.identity = {"dtype": dtype}
+
+    sizes = {"bfloat16": 44, "float32": 24}
+    assert planning.budget(sizes, LM("bfloat16")) == 44
+    assert planning.budget(sizes, LM("float32")) == 24
+    assert planning.budget(30, LM("float16")) == 30  # a number is the number, whatever the dtype
+    with pytest.raises(ConfigError, match="float16"):
+        planning.budget(sizes, LM("float16"))
+    for bad in (0, -3, 2.5, True, {"float32": 0}):
+        with pytest.raises(ConfigError, match="MOST"):
+            planning.budget(bad, LM("float32"))

@@ -12,7 +12,7 @@ large as it (an equivalence test), or too few questions to tell."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -94,6 +94,21 @@ def pilot_and_study(config, pilot: int, pilot_seed: int | None, primary: str | N
                              f"generated with seed {pilot_seed}; the study's with seed {config.seed}")
     return PilotAndStudy(replace(config, limit=pilot), replace(config, skip=config.skip + pilot),
                          f"the first {pilot} of {Path(str(source)).name}, which the study skips")
+
+
+def budget(most, lm) -> int:
+    """The most questions a study may run: `most` itself, or, given a mapping from dtype name to questions (what
+    the notebook's time budget buys in each, e.g. ``{"bfloat16": 44, "float32": 24}``), the entry for the dtype
+    `lm` runs in.  The dtype is in the run's identity, so a run's size follows from its identity."""
+    if not isinstance(most, Mapping):
+        if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+            raise ConfigError(f"MOST must be a positive number of questions or a mapping from dtype to one, not {most!r}.")
+        return most
+    dtype = lm.identity.get("dtype") if hasattr(lm, "identity") else str(lm)
+    if dtype not in most:
+        raise ConfigError(f"MOST gives sizes for {sorted(most)} but the model runs in {dtype}: add an entry for "
+                          f"{dtype!r} or set MOST to a number.")
+    return budget(most[dtype], lm)
 
 
 def check_held_out(pilot, study) -> None:
