@@ -6,8 +6,9 @@
    peak that reaches (counting the projections' FLOPs and attention's: causal, a sliding window where a layer
    has one; the head only at the last token, as the runner asks for).
 3. Scoring: forced choice and log-likelihood, questions/s, on notebook 02's first batch of prompts.
-4. Settings that might be worth as much: one thread against all, eager attention against SDPA.
-5. `--conclusions N`: notebooks 02's and 01's default sweeps on their first N questions in both dtypes: each
+4. Settings that might be worth as much, in each dtype: one thread against all, eager attention against SDPA.
+5. `--conclusions QA,KV`: notebooks 02's and 01's default sweeps on their first QA and KV questions (default
+   60,24: their float32 study sizes, `MOST`) in both dtypes: each
    record's margin change against `runner.dtype_bound` (of its prompt length and scores' size), the share of
    forced-choice decisions that agree, and the middle penalty's interval from each dtype against the other's
    point estimate.  The records stay in `--results` (default results/cpu-roofline): a rerun resumes, and every
@@ -18,7 +19,7 @@ torch emulates it far slower, and the benchmark says so and skips it (`--force-b
 
     .venv/bin/python benchmarks/cpu_roofline.py                       # all of 1-4
     .venv/bin/python benchmarks/cpu_roofline.py --only peak,prefill --lengths 512,2048
-    .venv/bin/python benchmarks/cpu_roofline.py --only conclusions --conclusions 24 --force-bfloat16
+    .venv/bin/python benchmarks/cpu_roofline.py --only conclusions --conclusions 60,24
 """
 from __future__ import annotations
 
@@ -155,17 +156,16 @@ def scoring(lms: dict, dtypes: list, repeats: int) -> None:
         print(f"| {name} | {length} | " + " | ".join(f"{len(prompts) / med[dt]:.2f}" for dt in dtypes) + f" |{ratio}")
 
 
-def settings(lms: dict, repeats: int) -> None:
+def settings(lms: dict, dtypes: list, repeats: int) -> None:
     import torch
 
     from litm.models import load_model
 
     n = 2048
-    print(f"\n## 4. Settings, float32, SmolLM2-135M prefill of {n} tokens (tokens/s, median of {repeats})\n")
-    lm = lms[MODELS[0], "float32"]
-    eager = load_model(MODELS[0], device="cpu", dtype="float32", attn_implementation="eager", reuse=False)
-    ids = torch.randint(10, 40000, (1, n), generator=torch.Generator().manual_seed(1))
     threads = torch.get_num_threads()
+    print(f"\n## 4. Settings, SmolLM2-135M prefill of {n} tokens (tokens/s, median of {repeats}, interleaved)\n")
+    print("| dtype | setting | tokens/s | against the dtype's default |\n|---|---|---:|---:|")
+    ids = torch.randint(10, 40000, (1, n), generator=torch.Generator().manual_seed(1))
 
     def run(model, nthreads):
         def go():
@@ -174,16 +174,18 @@ def settings(lms: dict, repeats: int) -> None:
                 model.model(input_ids=ids, logits_to_keep=1, use_cache=False)
             torch.set_num_threads(threads)
         return go
-    med = interleaved_medians({f"SDPA, {threads} threads (the default)": run(lm, threads),
-                               "SDPA, 1 thread": run(lm, 1),
-                               f"eager attention, {threads} threads": run(eager, threads)}, repeats)
-    base = next(iter(med.values()))
-    print("| setting | tokens/s | against the default |\n|---|---:|---:|")
-    for k, v in med.items():
-        print(f"| {k} | {n / v:.0f} | {base / v:.2f}x |")
+    for dt in dtypes:
+        lm = lms[MODELS[0], dt]
+        eager = load_model(MODELS[0], device="cpu", dtype=dt, attn_implementation="eager", reuse=False)
+        med = interleaved_medians({f"SDPA, {threads} threads (the default)": run(lm, threads),
+                                   "SDPA, 1 thread": run(lm, 1),
+                                   f"eager attention, {threads} threads": run(eager, threads)}, repeats)
+        base = next(iter(med.values()))
+        for k, v in med.items():
+            print(f"| {dt} | {k} | {n / v:.0f} | {base / v:.2f}x |", flush=True)
 
 
-def conclusions(dtypes: list, questions: int, results: str) -> None:
+def conclusions(dtypes: list, questions: tuple[int, int], results: str) -> None:
     import numpy as np
 
     from litm import sweep
@@ -192,15 +194,17 @@ def conclusions(dtypes: list, questions: int, results: str) -> None:
     from litm.runner import dtype_bound
     from litm.stats import t_estimate
 
-    print(f"\n## 5. Conclusions in float32 and bfloat16: notebooks 02 and 01, first {questions} questions\n")
+    print(f"\n## 5. Conclusions in float32 and bfloat16: notebooks 02 and 01, first {questions[0]} and {questions[1]} "
+          "questions\n")
     print("| notebook | records | longest prompt | max margin change | max change / bound | decisions equal "
-          "| penalty float32 [95% t] | penalty bfloat16 [95% t] | each interval holds the other's estimate |")
-    print("|---|---:|---:|---:|---:|---:|---|---|---|")
-    for name, make in (("02 (QA)", nb02_config), ("01 (KV)", nb01_config)):
+          "| penalty float32 [95% t] | penalty bfloat16 [95% t] | each interval holds the other's estimate "
+          "| seconds per record, float32 / bfloat16 |")
+    print("|---|---:|---:|---:|---:|---:|---|---|---|---:|")
+    for (name, make), n in zip((("02 (QA)", nb02_config), ("01 (KV)", nb01_config)), questions):
         runs, pens = {}, {}
         for dt in dtypes:
             lm = load_model(MODELS[0], device="cpu", dtype=dt, reuse=False)
-            df = sweep(make(questions, results_dir=results), lm)  # resumable; the records stay to be read again
+            df = sweep(make(n, results_dir=results), lm)  # resumable; the records stay to be read again
             runs[dt] = df.set_index(["condition", "position", "example_id"]).sort_index()
             pens[dt] = t_estimate(middle_penalties(df, "margin"))
         a, b = runs["float32"], runs["bfloat16"].loc[runs["float32"].index]
@@ -212,7 +216,7 @@ def conclusions(dtypes: list, questions: int, results: str) -> None:
         holds = f.low <= g.value <= f.high and g.low <= f.value <= g.high
         print(f"| {name} | {len(a)} | {a.prompt_tokens.max()} | {change.max():.3g} | {ratio:.2f} | {100 * same:.1f}% "
               f"| {f.value:.2f} [{f.low:.2f}, {f.high:.2f}] | {g.value:.2f} [{g.low:.2f}, {g.high:.2f}] "
-              f"| {'yes' if holds else 'NO'} |", flush=True)
+              f"| {'yes' if holds else 'NO'} | {a.latency_s.mean():.2f} / {b.latency_s.mean():.2f} |", flush=True)
 
 
 def main() -> int:
@@ -221,7 +225,7 @@ def main() -> int:
     ap.add_argument("--lengths", default="512,2048,4096,8192")
     ap.add_argument("--rows", type=int, default=2048, help="tokens in the matrix products of section 1")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--conclusions", type=int, default=24, help="questions per notebook in section 5")
+    ap.add_argument("--conclusions", default="60,24", help="questions of notebooks 02 and 01 in section 5")
     ap.add_argument("--results", default="results/cpu-roofline", help="where section 5 keeps its records")
     ap.add_argument("--force-bfloat16", action="store_true", help="run bfloat16 without bfloat16 units (slow)")
     args = ap.parse_args()
@@ -254,12 +258,13 @@ def main() -> int:
     if "scoring" in only:
         scoring(lms, dtypes, args.repeats)
     if "settings" in only:
-        settings(lms, args.repeats)
+        settings(lms, dtypes, args.repeats)
     if "conclusions" in only:
         if "bfloat16" not in dtypes:
             print("\n## 5. Conclusions: skipped, bfloat16 is not run on this CPU (--force-bfloat16 to run it).")
         else:
-            conclusions(dtypes, args.conclusions, args.results)
+            qa, kv = (int(n) for n in args.conclusions.split(","))
+            conclusions(dtypes, (qa, kv), args.results)
     return 0
 
 
