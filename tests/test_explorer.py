@@ -11,7 +11,7 @@ from litm import runner
 from litm.attention import profile
 from litm.data import generate_fictional_qa
 from litm.errors import ConfigError
-from litm.explorer import Explorer, look, to_html
+from litm.explorer import Explorer, describe_places, look, places, to_html
 from litm.ordering import gold_at
 from litm.prompts import Variant, render
 
@@ -51,3 +51,26 @@ def test_the_widgets_move_the_gold_when_driven_from_code(tiny_lm, examples):
     assert bundle["text/html"] == to_html(ui.view) and "application/vnd.jupyter.widget-view+json" in bundle
     with pytest.raises(ConfigError, match="same number of documents"):
         Explorer(tiny_lm, [examples[0], generate_fictional_qa(1, 5, seed=1)[0]])
+
+
+def test_the_tour_table_is_one_look_per_question_and_place(tiny_lm, examples):
+    table = places(tiny_lm, examples)
+    assert list(table["position"]) == [0, 1, 3] * len(examples)  # first, middle ((4 - 1) // 2) and last of 4
+    v = look(tiny_lm, examples[1], 3)
+    row = table[(table["example_id"] == examples[1].id) & (table["position"] == 3)].iloc[0]
+    assert (row["gold_loglik"], row["gold_rank"]) == (pytest.approx(v.gold_loglik, abs=1e-5), v.gold_rank)
+    assert row["gold_attention"] == pytest.approx(v.attention[3], abs=1e-7)
+
+
+def test_the_tour_in_words_counts_first_ranks_and_names_the_worst_place():
+    import pandas as pd
+
+    # planted: two questions; the middle is worst on average (-3.0 against -1.0 and -2.0)
+    table = pd.DataFrame({"example_id": ["a", "a", "a", "b", "b", "b"], "position": [0, 4, 9] * 2,
+                          "gold_loglik": [-1.0, -2.0, -1.5, -1.0, -4.0, -2.5], "gold_rank": [1, 2, 1, 3, 4, 1]})
+    text = describe_places(table)
+    assert "gold at 1 it ranked first in 1 of 2 (mean log-likelihood -1.00 nats)" in text
+    assert "gold at 5 it ranked first in 0 of 2 (mean log-likelihood -3.00 nats)" in text
+    assert "gold at 10 it ranked first in 2 of 2" in text and "The middle is the worst place here" in text
+    last_worst = table.assign(gold_loglik=[-1.0, -2.0, -5.0, -1.0, -2.0, -5.0])
+    assert "the lowest log-likelihood is with the gold at 10" in describe_places(last_worst)

@@ -8,7 +8,7 @@ from litm import SweepConfig, sweep
 from litm.cli import main
 from litm.errors import ConfigError, StatsError
 from litm.experiment import Sweep, depth_positions, grid
-from litm.report import analyse, compare, load_results, to_markdown, write_report
+from litm.report import analyse, compare, load_results, position_length_line, to_markdown, write_report
 from litm.store import ResultStore
 from litm.study import config_hash
 
@@ -244,3 +244,17 @@ def test_the_margin_is_the_gold_loglik_minus_the_best_other_candidates_by_anothe
             (rec,) = df[(df.example_id == e.id) & (df.position == pos)].to_dict("records")
             assert rec["gold_margin"] == pytest.approx(margin, abs=1e-4) and rec["correct"] == (rec["gold_margin"] > 0)
 
+
+
+def test_the_position_length_sentence_reads_the_u_term_and_its_change_with_length():
+    import pandas as pd
+
+    # planted coefficients: a clear U (interval above 0) whose change with length straddles 0
+    table = pd.DataFrame({"estimate": [1.5, 0.2], "ci_low": [0.5, -0.4], "ci_high": [2.5, 0.8], "p": [0.003, 0.51]},
+                         index=["I(depth ** 2)", "I(depth ** 2):length_k"])
+    text = position_length_line(table)
+    assert "+1.50 [+0.50, +2.50], p = 0.003, a U at this length" in text
+    assert "+0.20 [-0.40, +0.80], p = 0.51: these prompts cannot tell whether the U changes" in text
+    deeper = table.assign(ci_low=[-1.0, 0.1], ci_high=[4.0, 0.3])
+    assert "no U that the interval can tell" in position_length_line(deeper)
+    assert "the U deepens as the prompt grows" in position_length_line(deeper)

@@ -357,3 +357,45 @@ def document_masses(lm: LoadedModel, variant: Variant | None = None, layers=None
         return [float(x) for x in docs[chosen].mean(axis=(0, 1))]
 
     return attend
+
+
+def describe(sink_table, curve, joined, recall, middle: int) -> str:
+    """Notebook 03's result in words, from its tables: the sink at the longest prompt (`sinks_by_length`), the
+    distractors' attention by position over the relevance layers (`troughs(..., by_layer=False)`), whether
+    attention on the gold predicts a right answer beyond its position (`attention_outcome_model` on `joined`),
+    and Recall@1 of plain and calibrated attention with the gold at `middle` (0-based, `recall_by_position`)."""
+    longest = sink_table[sink_table["num_tokens"] == sink_table["num_tokens"].max()]
+    tokens, heads = int(longest["num_tokens"].iloc[0]), len(longest)
+    lines = [f"Sinks: at {tokens} tokens the first token gets {longest['first'].mean():.0%} of each token's attention "
+             f"(mean over {heads} layer-heads; an even share would be {1 / tokens:.2%}), and "
+             f"{int((longest['first'] > 0.5).sum())} of the {heads} put over half of theirs there."]
+    c = curve.sort_values("doc_position")
+    edges, inner = c.iloc[[0, -1]], c.iloc[1:-1]
+    low = inner.loc[inner["mean"].idxmin()]
+    ratio = inner["mean"].mean() / edges["mean"].mean()
+    lines.append(f"Troughs: a distractor in the middle (documents 2-{len(c) - 1}) gets {ratio:.2f} times the attention "
+                 f"of one first or last, least at document {int(low['doc_position']) + 1} ({low['mean']:.4f}, t 95% "
+                 f"[{low['ci_low']:.4f}, {low['ci_high']:.4f}], n = {int(low['n'])} questions)"
+                 + (": a trough." if ratio < 1 else ": no trough."))
+    try:
+        o = attention_outcome_model(joined)
+        reading = ("more attention on the gold goes with a right answer, beyond where the gold sits" if o["ci_low"] > 1
+                   else "more attention on the gold goes with a wrong answer" if o["ci_high"] < 1
+                   else "the interval includes 1, so these prompts cannot tell whether it predicts the answer")
+        lines.append(f"Attention and the answer: odds ratio {o['odds_ratio_per_sd']:.2f} per standard deviation of the "
+                     f"gold's attention, 95% [{o['ci_low']:.2f}, {o['ci_high']:.2f}], p = {o['p_value']:.2g} "
+                     f"({o['n']} prompts of {o['questions']} questions, clustered by question): {reading}. An "
+                     "association, not a cause: notebook 08 changes the attention and watches the answer.")
+    except StatsError as err:
+        lines.append(f"Attention and the answer: not fitted ({err})")
+    at = recall[(recall["k"] == 1) & (recall["position"] == middle)].set_index("method")
+    if "calibrated" in at.index:
+        v, cal = at.loc["vanilla"], at.loc["calibrated"]
+        apart = cal["ci_low"] > v["ci_high"] or v["ci_low"] > cal["ci_high"]
+        lines.append(f"Calibration: with the gold at document {middle + 1}, calibrated attention ranks it first in "
+                     f"{round(cal['recall'] * cal['n'])} of {int(cal['n'])} prompts ({cal['recall']:.0%}, Wilson 95% "
+                     f"[{cal['ci_low']:.0%}, {cal['ci_high']:.0%}]), plain attention in {round(v['recall'] * v['n'])} "
+                     f"({v['recall']:.0%}, [{v['ci_low']:.0%}, {v['ci_high']:.0%}]): "
+                     + ("the intervals do not overlap, so removing the positional bias finds the middle gold more often."
+                        if apart else "the intervals overlap; more questions would tell them apart."))
+    return "\n".join(lines)

@@ -113,3 +113,39 @@ class Explorer:
         data = dict(data or {})
         data["text/html"] = to_html(self.view)  # what a frontend without widgets shows
         return data
+
+
+def places(lm: LoadedModel, examples, positions=None, variant: Variant = Variant()):
+    """Every question of the tour with its gold moved to each of `positions` (0-based; default the first, the
+    middle and the last document, notebook 02's places): one row per question and place with the gold answer's
+    log-likelihood and rank, and the attention on the gold document beside the documents' mean."""
+    import pandas as pd
+
+    rows = []
+    for e in examples:
+        n = len(e.documents)
+        for p in positions if positions is not None else (0, (n - 1) // 2, n - 1):
+            v = look(lm, e, p, variant)
+            rows.append({"example_id": e.id, "position": p, "gold_loglik": v.gold_loglik, "gold_rank": v.gold_rank,
+                         "candidates": v.candidates, "gold_attention": float(v.attention[p]),
+                         "mean_attention": float(v.attention.mean())})
+    return pd.DataFrame(rows)
+
+
+def describe_places(table) -> str:
+    """The tour's result in words, from `places`: at each place how often the gold ranked first and its mean
+    log-likelihood, whether the middle was the worst place, and why a handful of questions only shows it."""
+    n = table["example_id"].nunique()
+    by = {int(p): g for p, g in table.groupby("position")}
+    parts = [f"with the gold at {p + 1} it ranked first in {int((g['gold_rank'] == 1).sum())} of {len(g)} "
+             f"(mean log-likelihood {g['gold_loglik'].mean():.2f} nats)" for p, g in by.items()]
+    text = f"Over the tour's {n} questions, " + "; ".join(parts) + "."
+    if len(by) >= 3:
+        means = {p: g["gold_loglik"].mean() for p, g in by.items()}
+        inner = [p for p in means if min(means) < p < max(means)]
+        worst = min(means, key=means.get)
+        text += (f" The middle is the worst place here (lowest log-likelihood with the gold at {worst + 1}), the shape "
+                 "the paper reports." if worst in inner else
+                 f" Here the middle is not the worst place: the lowest log-likelihood is with the gold at {worst + 1}.")
+    return text + (f" With {n} questions this shows the effect happening, it does not measure it: notebook 02 asks "
+                   "the same of many questions, paired, with an interval.")
