@@ -252,9 +252,11 @@ def test_the_position_length_sentence_reads_the_u_term_and_its_change_with_lengt
     # planted coefficients: a clear U (interval above 0) whose change with length straddles 0
     table = pd.DataFrame({"estimate": [1.5, 0.2], "ci_low": [0.5, -0.4], "ci_high": [2.5, 0.8], "p": [0.003, 0.51]},
                          index=["I(depth ** 2)", "I(depth ** 2):length_k"])
-    text = position_length_line(table)
-    assert "+1.50 [+0.50, +2.50], p = 0.003, a U at this length" in text
+    text = position_length_line(table, questions=40)
+    assert "40 questions" in text and "+1.50 [+0.50, +2.50], p = 0.003, a U at this length" in text
     assert "+0.20 [-0.40, +0.80], p = 0.51: these prompts cannot tell whether the U changes" in text
     deeper = table.assign(ci_low=[-1.0, 0.1], ci_high=[4.0, 0.3])
-    assert "no U that the interval can tell" in position_length_line(deeper)
-    assert "the U deepens as the prompt grows" in position_length_line(deeper)
+    assert "no U that the interval can tell" in position_length_line(deeper, questions=40)
+    assert "the U deepens as the prompt grows" in position_length_line(deeper, questions=40)
+    few = position_length_line(deeper, questions=3)  # three clusters: the sandwich interval is not read
+    assert "far too narrow to read" in few and "deepens" not in few and "GRID_LIMIT to 30" in few

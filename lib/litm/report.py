@@ -113,25 +113,28 @@ def effect_line(e: stats.Effect, what: str = "Middle penalty (edges minus middle
             f"{tests}).")
 
 
-def position_length_line(coefficients) -> str:
+def position_length_line(coefficients, questions: int, fewest: int = 30) -> str:
     """One sentence on `stats.position_length_model`'s table: the U term (depth squared; above 0 the middle
-    does worse than both ends) and its change per 1,000 tokens, each with its 95% interval and p."""
+    does worse than both ends) and its change per 1,000 tokens, each with its 95% interval and p.  The intervals
+    are cluster-robust, over `questions` clusters; below `fewest` that interval is too narrow to read (a sandwich
+    estimate needs tens of clusters), and the sentence says so instead of reading it."""
     def term(name):
         r = coefficients.loc[name]
         return f"{r['estimate']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}], p = {r['p']:.2g}"
 
     u, ux = "I(depth ** 2)", "I(depth ** 2):length_k"
-    if u not in coefficients.index:
-        return f"Depth x length (logistic GEE): the depth slope's change per 1,000 tokens is {term('depth:length_k')}."
-    r = coefficients.loc[ux]
-    change = ("the U deepens as the prompt grows" if r["ci_low"] > 0 else "the U flattens as the prompt grows"
-              if r["ci_high"] < 0 else "these prompts cannot tell whether the U changes with length")
-    shape = coefficients.loc[u]
+    head = (f"Depth x length (logistic GEE, log-odds, clustered by question, {questions} questions): the U term "
+            "(depth squared, centred depth, above 0 when the middle does worse than both ends) is ")
+    if questions < fewest:
+        return (head + f"{term(u)} and its change per 1,000 tokens {term(ux)}; with {questions} questions (clusters) "
+                f"these cluster-robust intervals and p-values are far too narrow to read (they need tens; this grid "
+                f"is a demonstration: set GRID_LIMIT to {fewest} or more for a test).")
+    shape, r = coefficients.loc[u], coefficients.loc[ux]
     at = ("a U at this length" if shape["ci_low"] > 0 else "an inverted U" if shape["ci_high"] < 0
           else "no U that the interval can tell from none")
-    return (f"Depth x length (logistic GEE, log-odds, clustered by question): the U term (depth squared, centred "
-            f"depth, above 0 when the middle does worse than both ends) is {term(u)}, {at}; its change per 1,000 "
-            f"tokens is {term(ux)}: {change}.")
+    change = ("the U deepens as the prompt grows" if r["ci_low"] > 0 else "the U flattens as the prompt grows"
+              if r["ci_high"] < 0 else "these prompts cannot tell whether the U changes with length")
+    return head + f"{term(u)}, {at}; its change per 1,000 tokens is {term(ux)}: {change}."
 
 
 def difference_line(effects, condition, baseline: str, measure: str, column: str = "condition") -> str:
