@@ -7,9 +7,10 @@ PY := $(VENV)/bin/python
 # torch is installed only when the environment has none, so a CUDA build you put there stays.
 TORCH_SPEC ?= torch==2.13.0
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]-*.ipynb))
+SOLUTIONS := $(sort $(wildcard notebooks/solutions/[0-9][0-9]-*.ipynb))
 export LITM_CACHE ?= $(HOME)/.cache/litm
 
-.PHONY: setup reproduce test lab gpu-check clean-results
+.PHONY: setup reproduce solutions test lab gpu-check clean-results
 
 setup: $(VENV)/.installed
 
@@ -36,6 +37,10 @@ NB_PARAMS ?=
 reproduce: setup
 	mkdir -p figures
 	$(PY) -m litm.notebooks $(NOTEBOOKS) $(NB_PARAMS)
+
+# The exercises' worked solutions (notebooks/solutions/, for instructors), executed into notebooks/solutions/executed/.
+solutions: setup
+	$(PY) -m litm.notebooks $(SOLUTIONS) $(NB_PARAMS) --out notebooks/solutions/executed
 
 test: setup
 	$(PY) -m pytest -q

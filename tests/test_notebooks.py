@@ -69,3 +69,24 @@ def test_notebook_executes(name, parameters, figures, tmp_path):
 
 def test_every_notebook_is_smoke_tested():
     assert sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb")) == sorted(n[0] for n in NOTEBOOKS)
+
+
+def test_a_worked_solution_executes_and_answers_its_exercises(tmp_path):
+    """notebooks/solutions/00 through papermill as `make solutions` runs it, with a tiny Gemma 3 as the second model."""
+    path = ROOT / "notebooks" / "solutions" / "00-tour-solutions.ipynb"
+    tiny = build_tiny_model(tmp_path / "gemma3", chat=False, arch="gemma3")
+    out = execute(path, tmp_path / "executed",
+                  parameters={"QUESTIONS": 2, "NUM_DOCS": 5, "LONG_DOCS": 6, "SECOND_MODEL": str(tiny)})
+    printed = "".join(o.get("text", "") for c in nbformat.read(out, as_version=4).cells if c.cell_type == "code"
+                      for o in c.get("outputs", []))
+    assert "of 2 questions rank the gold lower in the middle than at both edges" in printed  # exercise 1
+    assert printed.count("middle penalty of the gold's log-likelihood") == 2  # exercise 2, both models
+    assert "6 documents: gold in the middle" in printed and "n = 2" in printed  # exercise 3
+
+
+def test_every_solution_notebook_declares_parameters_and_is_linked_from_its_exercises():
+    for solution in sorted((ROOT / "notebooks" / "solutions").glob("[0-9][0-9]-*.ipynb")):
+        assert declared(solution), f"{solution.name} has no parameters cell"
+        number = solution.name[:2]
+        (notebook,) = (ROOT / "notebooks").glob(f"{number}-*.ipynb")
+        assert f"solutions/{solution.name}" in notebook.read_text(), f"{notebook.name}'s Try this does not link it"
