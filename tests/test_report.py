@@ -259,4 +259,4 @@ def test_the_position_length_sentence_reads_the_u_term_and_its_change_with_lengt
     assert "no U that the interval can tell" in position_length_line(deeper, questions=40)
     assert "the U deepens as the prompt grows" in position_length_line(deeper, questions=40)
     few = position_length_line(deeper, questions=3)  # three clusters: the sandwich interval is not read
-    assert "far too narrow to read" in few and "deepens" not in few and "GRID_LIMIT to 30" in few
+    assert "not to be read" in few and "deepens" not in few and "GRID_LIMIT to 30" in few

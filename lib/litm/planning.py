@@ -104,7 +104,7 @@ def budget(most, lm) -> int:
         if isinstance(most, bool) or not isinstance(most, int) or most < 1:
             raise ConfigError(f"MOST must be a positive number of questions or a mapping from dtype to one, not {most!r}.")
         return most
-    dtype = lm.identity.get("dtype") if hasattr(lm, "identity") else str(lm)
+    dtype = lm.identity.get("dtype")
     if dtype not in most:
         raise ConfigError(f"MOST gives sizes for {sorted(most)} but the model runs in {dtype}: add an entry for "
                           f"{dtype!r} or set MOST to a number.")

@@ -116,7 +116,7 @@ def effect_line(e: stats.Effect, what: str = "Middle penalty (edges minus middle
 def position_length_line(coefficients, questions: int, fewest: int = 30) -> str:
     """One sentence on `stats.position_length_model`'s table: the U term (depth squared; above 0 the middle
     does worse than both ends) and its change per 1,000 tokens, each with its 95% interval and p.  The intervals
-    are cluster-robust, over `questions` clusters; below `fewest` that interval is too narrow to read (a sandwich
+    are cluster-robust, over `questions` clusters; below `fewest` that interval is too narrow to be read (a sandwich
     estimate needs tens of clusters), and the sentence says so instead of reading it."""
     def term(name):
         r = coefficients.loc[name]
@@ -127,8 +127,8 @@ def position_length_line(coefficients, questions: int, fewest: int = 30) -> str:
             "(depth squared, centred depth, above 0 when the middle does worse than both ends) is ")
     if questions < fewest:
         return (head + f"{term(u)} and its change per 1,000 tokens {term(ux)}; with {questions} questions (clusters) "
-                f"these cluster-robust intervals and p-values are far too narrow to read (they need tens; this grid "
-                f"is a demonstration: set GRID_LIMIT to {fewest} or more for a test).")
+                f"these cluster-robust intervals and p-values are not to be read (over so few clusters a sandwich "
+                f"interval is too narrow; this grid is a demonstration: set GRID_LIMIT to {fewest} or more for a test).")
     shape, r = coefficients.loc[u], coefficients.loc[ux]
     at = ("a U at this length" if shape["ci_low"] > 0 else "an inverted U" if shape["ci_high"] < 0
           else "no U that the interval can tell from none")
