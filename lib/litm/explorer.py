@@ -14,6 +14,7 @@ import numpy as np
 from .errors import ConfigError
 from .models import LoadedModel
 from .prompts import Prompt, Variant, render
+from .stats import edges_and_middle
 from .types import Example
 
 
@@ -134,7 +135,8 @@ def places(lm: LoadedModel, examples, positions=None, variant: Variant = Variant
 
 def describe_places(table) -> str:
     """The tour's result in words, from `places`: at each place how often the gold ranked first and its mean
-    log-likelihood, whether the middle was the worst place, and why a handful of questions only shows it."""
+    log-likelihood, whether the middle (`stats.edges_and_middle`, the one meaning of it) was the worst place, and
+    why a handful of questions only shows it."""
     n = table["example_id"].nunique()
     by = {int(p): g for p, g in table.groupby("position")}
     parts = [f"with the gold at {p + 1} it ranked first in {int((g['gold_rank'] == 1).sum())} of {len(g)} "
@@ -142,10 +144,9 @@ def describe_places(table) -> str:
     text = f"Over the tour's {n} questions, " + "; ".join(parts) + "."
     if len(by) >= 3:
         means = {p: g["gold_loglik"].mean() for p, g in by.items()}
-        inner = [p for p in means if min(means) < p < max(means)]
         worst = min(means, key=means.get)
         text += (f" The middle is the worst place here (lowest log-likelihood with the gold at {worst + 1}), the shape "
-                 "the paper reports." if worst in inner else
+                 "the paper reports." if worst in edges_and_middle(list(means))[1] else
                  f" Here the middle is not the worst place: the lowest log-likelihood is with the gold at {worst + 1}.")
     return text + (f" With {n} questions this shows the effect happening, it does not measure it: notebook 02 asks "
                    "the same of many questions, paired, with an interval.")
