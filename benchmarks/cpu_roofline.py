@@ -7,6 +7,9 @@
    has one; the head only at the last token, as the runner asks for).
 3. Scoring: forced choice and log-likelihood, questions/s, on notebook 02's first batch of prompts.
 4. Settings that might be worth as much, in each dtype: one thread against all, eager attention against SDPA.
+   `profile`: where a prefill's time goes in each dtype (torch.profiler's self time per operator, split into the
+   matrix products, attention's kernel and the rest: norms, rotary embeddings, activations, copies), and the
+   share of the product peak the products alone reach: what limits the prefill when its share is low.
 5. `--conclusions QA,KV`: notebooks 02's and 01's default sweeps on their first QA and KV questions (default
    60,24: their float32 study sizes, `MOST`) in both dtypes: each
    record's margin change against `runner.dtype_bound` (of its prompt length and scores' size), the share of
@@ -31,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from litm.models import interleaved_medians  # noqa: E402  (after the path above; imports nothing heavy)
 
 MODELS = ("smollm2-135m", "gemma3-270m")
-SECTIONS = ("peak", "prefill", "scoring", "settings", "conclusions")
+SECTIONS = ("peak", "prefill", "scoring", "settings", "profile", "conclusions")
 
 
 def cpu_flags() -> str:
@@ -116,6 +119,58 @@ def prefill(lms: dict, dtypes: list, lengths: list[int], repeats: int, best: dic
             cells = [f"{n / med[dt]:.0f} | {100 * flops / med[dt] / 1e9 / best[dt]:.0f}%" for dt in dtypes]
             ratio = f" {med['float32'] / med['bfloat16']:.2f}x |" if len(dtypes) > 1 else ""
             print(f"| {model} | {n} | " + " | ".join(cells) + f" |{ratio}", flush=True)
+
+
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn_linear", "mkldnn::_linear_pointwise")
+ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+             "aten::_safe_softmax", "aten::_softmax")
+
+
+def split_profile(rows) -> dict:
+    """Self time (any unit) per part of a forward pass, from (operator name, self time) rows: the matrix products,
+    attention's kernel (SDPA, or eager attention's softmax: its products count as products), and the rest."""
+    parts = {"products": 0.0, "attention": 0.0, "rest": 0.0}
+    for name, t in rows:
+        parts["products" if name in PRODUCTS else "attention" if name in ATTENTION else "rest"] += t
+    return parts
+
+
+def profile(lms: dict, dtypes: list, lengths: list[int], best: dict) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    print("\n## Where a prefill's time goes (torch.profiler self time, one prefill after a warm-up)\n")
+    print("| model | tokens | dtype | ms | products | attention | rest | products' own % of peak "
+          "| attention kernel alone, GFLOP/s (% of peak) |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for model in MODELS:
+        cfg = lms[model, dtypes[0]].text_config
+        head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        for n in lengths:
+            ids = torch.randint(10, cfg.vocab_size - 10, (1, n), generator=torch.Generator().manual_seed(n))
+            proj = sum(i * o for _, i, o in projections(cfg)) * 2 * n * cfg.num_hidden_layers
+            for dt in dtypes:
+                # one full-attention layer's kernel on its own: causal, grouped keys, as the model calls it
+                q, k = (torch.randn(1, h, n, head).to(getattr(torch, dt))
+                        for h in (cfg.num_attention_heads, cfg.num_key_value_heads))
+                with torch.inference_mode():
+                    kernel = interleaved_medians({"sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(
+                        q, k, k, is_causal=True, enable_gqa=True)}, 3)["sdpa"]
+                kernel_rate = 2 * 2 * n * (n + 1) / 2 * cfg.num_attention_heads * head / kernel / 1e9
+                def run(lm=lms[model, dt]):
+                    with torch.inference_mode():
+                        lm.model(input_ids=ids, logits_to_keep=1, use_cache=False)
+                run()
+                with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                    run()
+                parts = split_profile((e.key, e.self_cpu_time_total) for e in prof.key_averages())
+                total = sum(parts.values())
+                share = {k: f"{100 * v / total:.0f}%" for k, v in parts.items()}
+                rate = 100 * proj / (parts["products"] / 1e6) / 1e9 / best[dt]
+                print(f"| {model} | {n} | {dt} | {total / 1e3:.0f} | {share['products']} | {share['attention']} "
+                      f"| {share['rest']} | {rate:.0f}% | {kernel_rate:.0f} ({100 * kernel_rate / best[dt]:.0f}%) |",
+                      flush=True)
 
 
 def nb02_config(limit: int, **kw):
@@ -249,9 +304,9 @@ def main() -> int:
         print("This CPU has no bfloat16 matrix units: torch would emulate bfloat16 (30-200x slower than float32 on "
               "a 2-core AVX2 CPU), so bfloat16 is skipped; --force-bfloat16 runs it anyway.")
     lms = {(m, dt): load_model(m, device="cpu", dtype=dt) for m in MODELS for dt in dtypes
-           if set(only) & {"peak", "prefill", "scoring", "settings"}}
+           if set(only) & {"peak", "prefill", "scoring", "settings", "profile"}}
     best = {}
-    if "peak" in only or "prefill" in only:
+    if set(only) & {"peak", "prefill", "profile"}:
         best = peak({m: lms[m, "float32"].text_config for m in MODELS}, dtypes, args.rows, args.repeats)
     if "prefill" in only:
         prefill(lms, dtypes, [int(n) for n in args.lengths.split(",")], args.repeats, best)
@@ -259,6 +314,8 @@ def main() -> int:
         scoring(lms, dtypes, args.repeats)
     if "settings" in only:
         settings(lms, dtypes, args.repeats)
+    if "profile" in only:
+        profile(lms, dtypes, [int(n) for n in args.lengths.split(",")], best)
     if "conclusions" in only:
         if "bfloat16" not in dtypes:
             print("\n## 5. Conclusions: skipped, bfloat16 is not run on this CPU (--force-bfloat16 to run it).")

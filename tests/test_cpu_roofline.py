@@ -32,3 +32,11 @@ def test_sliding_layers_count_only_their_window(roofline):
     per_layer_projections = 2 * 100 * (64 * 64 + 2 * 64 * 16 + 64 * 64 + 3 * 64 * 128)
     expected = 3 * per_layer_projections + 4 * 4 * 16 * (2 * windowed + full) + 2 * 64 * 600
     assert roofline.prefill_flops(cfg, 100) == expected
+
+
+def test_the_profile_split_puts_each_operator_in_its_part(roofline):
+    rows = [("aten::mm", 50.0), ("aten::addmm", 10.0), ("aten::_scaled_dot_product_flash_attention_for_cpu", 25.0),
+            ("aten::mul", 6.0), ("aten::_softmax", 4.0), ("aten::copy_", 3.0), ("aten::linear", 0.0),
+            ("aten::mm", 2.0)]  # a name met twice (key_averages groups, a raw event list need not)
+    assert roofline.split_profile(rows) == {"products": 62.0, "attention": 29.0, "rest": 9.0}
+    assert roofline.split_profile([]) == {"products": 0.0, "attention": 0.0, "rest": 0.0}
