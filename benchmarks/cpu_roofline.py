@@ -6,11 +6,12 @@
    peak that reaches (counting the projections' FLOPs and attention's: causal, a sliding window where a layer
    has one; the head only at the last token, as the runner asks for).
 3. Scoring: forced choice and log-likelihood, questions/s, on notebook 02's first batch of prompts.
-4. Settings that might be worth as much, in each dtype: one thread against all, eager attention against SDPA.
-   `profile`: where a prefill's time goes in each dtype (torch.profiler's self time per operator, split into the
+4. Settings that might be worth as much, in each dtype: one thread against all, eager attention against SDPA,
+   torch.compile (inductor) against none, with its first call's compile time.
+5. `profile`: where a prefill's time goes in each dtype (torch.profiler's self time per operator, split into the
    matrix products, attention's kernel and the rest: norms, rotary embeddings, activations, copies), and the
    share of the product peak the products alone reach: what limits the prefill when its share is low.
-5. `--conclusions QA,KV`: notebooks 02's and 01's default sweeps on their first QA and KV questions (default
+6. `--conclusions QA,KV`: notebooks 02's and 01's default sweeps on their first QA and KV questions (default
    60,24: their float32 study sizes, `MOST`) in both dtypes: each
    record's margin change against `runner.dtype_bound` (of its prompt length and scores' size), the share of
    forced-choice decisions that agree, and the middle penalty's interval from each dtype against the other's
@@ -20,7 +21,7 @@
 bfloat16 runs only where the CPU has bfloat16 matrix units (`litm.models.cpu_bfloat16_units`); without them
 torch emulates it far slower, and the benchmark says so and skips it (`--force-bfloat16` runs it anyway).
 
-    .venv/bin/python benchmarks/cpu_roofline.py                       # all of 1-4
+    .venv/bin/python benchmarks/cpu_roofline.py                       # all of 1-5
     .venv/bin/python benchmarks/cpu_roofline.py --only peak,prefill --lengths 512,2048
     .venv/bin/python benchmarks/cpu_roofline.py --only conclusions --conclusions 60,24
 """
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from types import SimpleNamespace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
@@ -140,7 +143,7 @@ def profile(lms: dict, dtypes: list, lengths: list[int], best: dict) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    print("\n## Where a prefill's time goes (torch.profiler self time, one prefill after a warm-up)\n")
+    print("\n## 5. Where a prefill's time goes (torch.profiler self time, one prefill after a warm-up)\n")
     print("| model | tokens | dtype | ms | products | attention | rest | products' own % of peak "
           "| attention kernel alone, GFLOP/s (% of peak) |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
@@ -232,9 +235,17 @@ def settings(lms: dict, dtypes: list, repeats: int) -> None:
     for dt in dtypes:
         lm = lms[MODELS[0], dt]
         eager = load_model(MODELS[0], device="cpu", dtype=dt, attn_implementation="eager", reuse=False)
+        # torch.compile (inductor) fuses the norms, rotary embeddings and activations around the products; its
+        # first call compiles for this shape, a cost every new prompt length pays again (or a dynamic-shape build)
+        compiled = SimpleNamespace(model=torch.compile(load_model(MODELS[0], device="cpu", dtype=dt, reuse=False).model))
+        t0 = time.perf_counter()
+        run(compiled, threads)()
+        first = time.perf_counter() - t0
         med = interleaved_medians({f"SDPA, {threads} threads (the default)": run(lm, threads),
                                    "SDPA, 1 thread": run(lm, 1),
-                                   f"eager attention, {threads} threads": run(eager, threads)}, repeats)
+                                   f"eager attention, {threads} threads": run(eager, threads),
+                                   f"torch.compile, SDPA, {threads} threads (first call {first:.0f} s)":
+                                       run(compiled, threads)}, repeats)
         base = next(iter(med.values()))
         for k, v in med.items():
             print(f"| {dt} | {k} | {n / v:.0f} | {base / v:.2f}x |", flush=True)
@@ -249,7 +260,7 @@ def conclusions(dtypes: list, questions: tuple[int, int], results: str) -> None:
     from litm.runner import dtype_bound
     from litm.stats import t_estimate
 
-    print(f"\n## 5. Conclusions in float32 and bfloat16: notebooks 02 and 01, first {questions[0]} and {questions[1]} "
+    print(f"\n## 6. Conclusions in float32 and bfloat16: notebooks 02 and 01, first {questions[0]} and {questions[1]} "
           "questions\n")
     print("| notebook | records | longest prompt | max margin change | max change / bound | decisions equal "
           "| penalty float32 [95% t] | penalty bfloat16 [95% t] | each interval holds the other's estimate "
@@ -276,12 +287,12 @@ def conclusions(dtypes: list, questions: tuple[int, int], results: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="peak,prefill,scoring,settings", help=f"sections, of {','.join(SECTIONS)}")
+    ap.add_argument("--only", default="peak,prefill,scoring,settings,profile", help=f"sections, of {','.join(SECTIONS)}")
     ap.add_argument("--lengths", default="512,2048,4096,8192")
     ap.add_argument("--rows", type=int, default=2048, help="tokens in the matrix products of section 1")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--conclusions", default="60,24", help="questions of notebooks 02 and 01 in section 5")
-    ap.add_argument("--results", default="results/cpu-roofline", help="where section 5 keeps its records")
+    ap.add_argument("--conclusions", default="60,24", help="questions of notebooks 02 and 01 in section 6")
+    ap.add_argument("--results", default="results/cpu-roofline", help="where section 6 keeps its records")
     ap.add_argument("--force-bfloat16", action="store_true", help="run bfloat16 without bfloat16 units (slow)")
     args = ap.parse_args()
     only = args.only.split(",")
@@ -318,7 +329,7 @@ def main() -> int:
         profile(lms, dtypes, [int(n) for n in args.lengths.split(",")], best)
     if "conclusions" in only:
         if "bfloat16" not in dtypes:
-            print("\n## 5. Conclusions: skipped, bfloat16 is not run on this CPU (--force-bfloat16 to run it).")
+            print("\n## 6. Conclusions: skipped, bfloat16 is not run on this CPU (--force-bfloat16 to run it).")
         else:
             qa, kv = (int(n) for n in args.conclusions.split(","))
             conclusions(dtypes, (qa, kv), args.results)
