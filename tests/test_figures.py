@@ -151,3 +151,20 @@ def test_the_depth_length_heatmap_is_colour_blind_safe_and_says_each_cells_n():
     want = df[(df.target_length == 500) & (df.position == 2)].correct.mean()
     assert f"{100 * want:.0f}% (n=5)" in texts and sum(t.endswith("(n=3)") for t in texts) == 4
     assert displayed_points(fig) >= 8
+
+
+def test_the_lever_forest_labels_its_panels_without_one_label_running_into_the_next():
+    from litm.plots import lever_forest
+
+    levers = ["shuffle", "u_shape", "attention_sort", "repeat", "extractive", "calibration", "rescaling",
+              "channel_scaling", "parallel"]
+    rows = [{"lever": lv, "measure": m, "estimand": e, "position": None, "n": 20, "change": c,
+             "change_low": c - 1, "change_high": c + 1}
+            for m, c in (("margin", -1.0), ("accuracy", 0.1)) for lv in levers
+            for e in ("middle penalty", "mean over positions", "rank 1", "rank 5", "rank 10")]
+    fig = lever_forest(pd.DataFrame(rows), title="Each lever minus the baseline")
+    renderer = fig.canvas.get_renderer()
+    boxes = [ax.xaxis.label.get_window_extent(renderer) for ax in fig.axes]
+    assert len(boxes) == 2 and boxes[0].x1 <= boxes[1].x0  # the margin panel's label ends before the accuracy one's
+    assert all("n = 20" in ax.get_xlabel() for ax in fig.axes)
+    assert displayed_points(fig) >= 8

@@ -689,8 +689,7 @@ def lever_forest(changes, title: str | None = None):
         ax.axvline(0, color="grey", linestyle="--", linewidth=1)
         ax.set_yticks((len(levers) - 1 - np.arange(len(levers))) * (k + 1) + (k - 1) / 2, levers)
         n = int(changes.loc[changes["measure"] == name, "n"].max())
-        ax.set_xlabel(f"Lever minus baseline on the {m.name} ({m.unit}),\n95% paired t interval, n = {n} questions",
-                      fontsize=9)
+        ax.set_xlabel(f"Lever minus baseline\non the {m.name} ({m.unit}),\n95% paired t, n = {n} questions", fontsize=9)
         ax.grid(alpha=0.3, axis="x")
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _finish(fig, title)
