@@ -98,7 +98,7 @@ def pilot_and_study(config, pilot: int, pilot_seed: int | None, primary: str | N
 
 def budget(most, lm) -> int:
     """The most questions a study may run: `most` itself, or, given a mapping from dtype name to questions (what
-    the notebook's time budget buys in each, e.g. ``{"bfloat16": 44, "float32": 24}``), the entry for the dtype
+    the notebook's time budget buys in each, e.g. ``{"bfloat16": 144, "float32": 24}``), the entry for the dtype
     `lm` runs in.  The dtype is in the run's identity, so a run's size follows from its identity."""
     if not isinstance(most, Mapping):
         if isinstance(most, bool) or not isinstance(most, int) or most < 1:
