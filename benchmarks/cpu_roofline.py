@@ -30,8 +30,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from litm.models import interleaved_medians  # noqa: E402  (after the path above; imports nothing heavy)
