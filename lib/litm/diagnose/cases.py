@@ -78,12 +78,22 @@ def _checked_row(obj, where: str) -> Mapping:
     return obj
 
 
+# CASES = "generated": fictional multi-document QA cases (seed 0) of ten documents, three of them conflicting
+# copies of the gold fact (outdated, for another region, contradicting), as the paper profile diagnoses
+GENERATED_CASES, GENERATED_DOCS = 60, 10
+
+
 def read_cases(source, limit: int | None = None) -> list[Example]:
-    """Cases from a JSONL file (one case per line) or any iterable of mappings, e.g. a `datasets.Dataset`.
+    """Cases from a JSONL file (one case per line), any iterable of mappings (e.g. a `datasets.Dataset`), or
+    "generated" (`GENERATED_CASES` fictional cases with conflicting copies of each gold fact).
 
     A case: {"id", "question", "answers": [...], "gold_id", "documents": [{"id", "title", "text",
     optional "version", "date", "authority", "answer" (what this document would answer), "kind"
     ("outdated", "other_region", "contradicting" or "distractor")}]}."""
+    if source == "generated":
+        from ..data.generate import ADVERSARIAL_KINDS, generate_fictional_qa
+
+        return generate_fictional_qa(limit or GENERATED_CASES, GENERATED_DOCS, 0, adversarial=ADVERSARIAL_KINDS)
     if isinstance(source, (str, Path)):
         from ..data.liu import iter_json_lines
 
