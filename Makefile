@@ -10,7 +10,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]-*.ipynb))
 SOLUTIONS := $(sort $(wildcard notebooks/solutions/[0-9][0-9]-*.ipynb))
 export LITM_CACHE ?= $(HOME)/.cache/litm
 
-.PHONY: setup reproduce solutions test lab gpu-check clean-results
+.PHONY: setup reproduce solutions paper test lab gpu-check clean-results
 
 setup: $(VENV)/.installed
 
@@ -41,6 +41,13 @@ reproduce: setup
 # The exercises' worked solutions (notebooks/solutions/, for instructors), executed into notebooks/solutions/executed/.
 solutions: setup
 	$(PY) -m litm.notebooks $(SOLUTIONS) $(NB_PARAMS) --out notebooks/solutions/executed
+
+# The paper profile (litm.profiles, docs/paper.md): notebooks 01-08 at the paper's shape on both packaged models,
+# then reports/paper/table.md, report.md (.tex, .csv) and figures/paper/. Resumable: rerun it and it continues.
+# PAPER_ARGS passes options, e.g. PAPER_ARGS="--only 02" or PAPER_ARGS="--profile paper-gpu" (after a fetch).
+PAPER_ARGS ?=
+paper: setup
+	$(PY) -m litm paper $(PAPER_ARGS)
 
 test: setup
 	$(PY) -m pytest -q

@@ -133,6 +133,23 @@ def _parser() -> argparse.ArgumentParser:
                                               "a conda environment)")
     i.add_argument("--dry-run", action="store_true", help="print the pip commands, run nothing")
 
+    p = sub.add_parser("paper", help="the notebooks under a profile for each of its models, then one table and one "
+                                     "figure per task across them (make paper)")
+    p.add_argument("--profile", default="paper", help="paper (the packaged models on a CPU), paper-gpu (hub models, "
+                                                      "the paper's data) or course")
+    p.add_argument("--models", nargs="+", default=None, help="instead of the profile's models")
+    p.add_argument("--only", nargs="+", default=None, help="notebook numbers or run labels, e.g. 02 01-kv-75")
+    p.add_argument("--shard", type=_shard, default=None,
+                   help="i/n: this job runs every n-th model from the i-th (a job array; no summary)")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                   help="set a notebook parameter (VALUE read as YAML): NAME in every notebook that declares it, "
+                        "NN.NAME in notebook NN only")
+    p.add_argument("--summary", action="store_true", help="run nothing: the table, report and figures from what "
+                                                          "the runs stored")
+    p.add_argument("--readme", default=None, help="also put the table between the <!-- paper-table --> lines of "
+                                                  "this file")
+    p.add_argument("--list", action="store_true", help="print the runs (done or to do) and exit")
+
     m = sub.add_parser("merge", help="merge the result folders of sharded jobs into one, each example once")
     m.add_argument("sources", nargs="+", help="result folders (e.g. results/shard-*)")
     m.add_argument("--out", default="results", help="the merged results folder")
@@ -192,7 +209,7 @@ def prepare(argv: list[str] | None = None):
     LitmError; only --help exits."""
     args = _parser().parse_args(argv)
     command = {"fetch": _fetch, "report": _report, "install-models": _install, "merge": _merge,
-               "diagnose": _diagnose, "compare": _compare, "sweep": _sweep}[args.command]
+               "diagnose": _diagnose, "compare": _compare, "sweep": _sweep, "paper": _paper}[args.command]
     return command(args)
 
 
@@ -299,6 +316,38 @@ def _sweep(args):
                                  unit="key-value pair" if cfg.task == "kv" else "document")
             for p in save_figure(fig, args.figure):
                 print(f"wrote {p}")
+        return 0
+    return work
+
+
+def _paper(args):
+    import yaml
+
+    from . import paper
+    from .profiles import profile
+
+    prof = profile(args.profile)
+    overrides = {name: yaml.safe_load(value) for name, value in args.parameter}
+    todo, skipped = paper.jobs(prof, args.models, args.only, args.shard, overrides)
+    results, reports, figures = (f"{kind}/{prof.name}" for kind in ("results", "reports", "figures"))
+    for folder, flag in ((results, "results"), (reports, "reports"), (figures, "figures")):
+        writable(folder, flag)
+    if args.readme and not Path(args.readme).is_file():
+        raise ConfigError(f"--readme {args.readme}: no such file.")
+    _cache_checked()
+    ledger = paper.Ledger(Path(reports) / "runs.json")
+
+    def work():
+        for line in skipped:
+            print(f"skipped: {line}", file=sys.stderr)
+        if args.list:
+            for j in todo:
+                print(f"{j.key}: {'done' if ledger.done(j) else 'to do'} -> {j.executed}")
+            return 0
+        if not args.summary:
+            paper.run_jobs(prof, todo, ledger)
+        if args.shard is None:
+            print(paper.summarize(prof, results, reports, figures, args.models, args.readme))
         return 0
     return work
 

@@ -84,10 +84,11 @@ def _typed(value, default):
 
 
 def execute(path: str | Path, out_dir: str | Path = "build/notebooks", parameters: dict | None = None,
-            timeout: int = 1800, rebase_links: bool = False) -> Path:
+            timeout: int | None = 1800, rebase_links: bool = False, name: str | None = None) -> Path:
     """Run a notebook top to bottom in its own folder with papermill; `parameters` set the config cell's values.
 
-    The executed copy (outputs included) goes to `out_dir`; with `rebase_links`, its markdown's relative links are
+    The executed copy (outputs included) goes to `out_dir` (named `name`, default the notebook's); `timeout` is
+    each cell's limit in seconds (None: none); with `rebase_links`, its markdown's relative links are
     rewritten to resolve from there."""
     import nbformat
     import papermill
@@ -101,7 +102,7 @@ def execute(path: str | Path, out_dir: str | Path = "build/notebooks", parameter
         raise NotebookError(f"{path.name} has no parameter {', '.join(unknown)}; its parameters are "
                             f"{', '.join(defaults)}")
     papermill_translators.register("python", _translator())
-    out = Path(out_dir) / path.name
+    out = Path(out_dir) / (name or path.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     papermill.execute_notebook(str(path), str(out), parameters=params, kernel_name=KERNEL, language="python", cwd=str(path.parent),
                                progress_bar=False, execution_timeout=timeout)

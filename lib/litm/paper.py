@@ -1,0 +1,460 @@
+"""`make paper`: the notebooks under a profile (`litm.profiles`) for each of its models, then one table and one
+figure per task across the models.
+
+Each run (a notebook, a model, a label) executes through papermill into `notebooks/<profile>/<model>/<label>.ipynb`
+with its figures in `figures/<profile>/<model>/<label>/`. Long runs behave: a ledger
+(`reports/<profile>/runs.json`) records each finished run with its parameters, seconds and hardware, so a rerun
+skips it; a run killed midway resumes from its stored records (`litm.store`); a progress line gives each run's and
+the whole job's ETA from the seconds the profile measured, corrected as the job goes. `--shard i/n` runs every
+n-th model from the i-th (a job array); `--summary` alone writes the table from what the runs stored.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+from .profiles import Profile, Run, shipped_defaults
+
+# The paper's own numbers at 20 documents (multi-document QA, NaturalQuestions, generation scored by
+# best_subspan_em): GPT-3.5-Turbo (0613) from Liu et al. Table 6 (positions) and Table 1 (closed-book, oracle);
+# Llama-2-70b-chat-hf as the paper's repository (nelson-liu/lost-in-the-middle, EXPERIMENTS.md) says you should
+# get "approximately" (2,635 questions at 20 documents, 2,655 closed-book and oracle). The paper shows Llama-2-7b,
+# 13b and 70b-chat only as a figure (its Figure 16), without numbers.
+PUBLISHED = {
+    ("qa", 20): [
+        {"model": "GPT-3.5-Turbo (0613)", "source": "Liu et al. Tables 6 and 1",
+         "positions": {1: 0.758, 5: 0.572, 10: 0.538, 15: 0.554, 20: 0.632}, "closedbook": 0.561, "oracle": 0.883,
+         "n": 2655},
+        {"model": "Llama-2-70b-chat", "source": "the paper's repository, EXPERIMENTS.md",
+         "positions": {1: 0.5677, 5: 0.5332, 10: 0.5408, 15: 0.5966, 20: 0.6949}, "closedbook": 0.3529,
+         "oracle": 0.8467, "n": 2635},
+    ],
+}
+
+
+def slug(model: str) -> str:
+    """A model name as a folder name: a hub id's slash becomes two dashes, a path its last part."""
+    p = Path(model)
+    return p.name if p.is_absolute() or model.startswith(".") else model.replace("/", "--")
+
+
+def hardware() -> str:
+    """The machine in a few words: the CPU model and its cores (and the GPU where torch sees one)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    text = f"{cpu}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            text += f", {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    return text
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of one model: where its copy, figures and reports go, and its parameters."""
+
+    model: str
+    run: Run
+    parameters: dict
+    source: Path  # the notebook
+    executed: Path  # its executed copy
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}/{self.run.label}"
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.parameters, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _window(model: str) -> int | None:
+    from .models import REGISTRY
+
+    return REGISTRY[model].window if model in REGISTRY else None
+
+
+def jobs(prof: Profile, models=None, only=None, shard=None, overrides=None, root=".", out=None
+         ) -> tuple[list[Job], list[str]]:
+    """The runs to make, in order (each model's runs together), and what is skipped and why. The notebooks are
+    read from `root`/notebooks; executed copies, figures and reports go under `out` (default `root`):
+    notebooks/<profile>/<model>/<label>.ipynb, figures/<profile>/<model>/<label>/, reports/<profile>/<model>/<label>/."""
+    import os
+
+    from .notebooks import declared
+
+    models = list(models or prof.models)
+    if not models:
+        raise ConfigError(f"profile {prof.name!r} names no models; give --models.")
+    first = models[0]  # a run made once (`per_model=False`) is made with the first model, in shard 0
+    if shard is not None:
+        i, n = shard
+        models = models[i::n]
+    notebooks = Path(root) / "notebooks"
+    base = Path(out or root)
+    todo, skipped, used = [], [], set()
+    for m in models:
+        for run in prof.runs:
+            if only and run.notebook not in only and run.label not in only:
+                continue
+            if not run.per_model and m != first:
+                continue
+            window = _window(m)
+            if run.window and window is not None and window < run.window:
+                skipped.append(f"{run.label} on {m}: needs a window of about {run.window:,} tokens, {m} has "
+                               f"{window:,}")
+                continue
+            found = sorted(notebooks.glob(f"{run.notebook}-*.ipynb"))
+            if not found:
+                raise ConfigError(f"no notebook {run.notebook}-*.ipynb under {notebooks}; run from the repository.")
+            declared_names = declared(found[0])
+            folder = Path(prof.name) / slug(m) / run.label
+            where = {"FIGURES_DIR": base / "figures" / folder, "REPORT_DIR": base / "reports" / folder}
+            params = {"PROFILE": prof.name, "MODEL": m, **run.parameters,
+                      **{k: os.path.relpath(v, notebooks) for k, v in where.items() if k in declared_names}}
+            for key, value in (overrides or {}).items():  # NAME: every notebook declaring it; "NN.NAME": notebook NN
+                nb, _, name = key.rpartition(".")
+                if name in declared_names and nb in ("", run.notebook):
+                    params[name] = value
+                    used.add(key)
+            for key in ("DATA", "CASES"):  # a data file the run reads must be there before anything starts
+                value = params.get(key, prof.settings.get(run.notebook, {}).get(key, declared_names.get(key)))
+                if isinstance(value, str) and value != "generated" and not (notebooks / value).is_file():
+                    raise ConfigError(f"{run.label} reads {key} = {value} (from the notebooks folder), which is not "
+                                      "there" + (": fetch the paper's data with `python -m litm fetch liu2023`."
+                                                 if "liu2023" in value else "; give a file that exists."))
+            todo.append(Job(m, run, params, found[0], base / "notebooks" / folder.parent / f"{run.label}.ipynb"))
+    unused = sorted(set(overrides or {}) - used)
+    if unused and todo:
+        raise ConfigError(f"no run declares {', '.join(unused)}: a parameter is NAME (every notebook that declares "
+                          "it) or NN.NAME (notebook NN only), as the notebooks' config cells spell it.")
+    return todo, skipped
+
+
+class Ledger:
+    """`runs.json`: each finished run with its parameters' digest, seconds, hardware and time. Each record rereads
+    the file under a lock and writes it whole through a temporary file, so the jobs of an array share one ledger
+    and a killed job loses at most the run it was in."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.entries = self._read()
+
+    def _read(self) -> dict:
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def done(self, job: Job) -> bool:
+        e = self.entries.get(job.key)
+        return bool(e) and e.get("digest") == job.digest and job.executed.is_file()
+
+    def record(self, job: Job, seconds: float) -> None:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.entries = {**self.entries, **self._read()}
+            self.entries[job.key] = {"digest": job.digest, "seconds": round(seconds, 1), "hardware": hardware(),
+                                     "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "notebook": str(job.executed),
+                                     "parameters": {k: repr(v) for k, v in job.parameters.items()}}
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True) + "\n")
+            tmp.replace(self.path)
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h} h {rest // 60:02d} min" if h else f"{rest // 60} min {rest % 60:02d} s"
+
+
+class Progress:
+    """One line on stderr, redrawn every few seconds: the run in progress with its ETA, and the whole job's.
+
+    A run's expected seconds come from the profile's measured times (unknown ones count as the mean of the known,
+    or 10 minutes); as runs finish, every estimate is scaled by how long the finished runs took against what was
+    expected, so the ETA learns this machine's speed."""
+
+    def __init__(self, todo: list[Job], expected: dict, stream=sys.stderr, every: float = 5.0):
+        known = [expected[j.key] for j in todo if j.key in expected]
+        default = sum(known) / len(known) if known else 600.0
+        self.expected = {j.key: expected.get(j.key, default) for j in todo}
+        self.todo, self.stream, self.every = todo, stream, every
+        self.spent = self.planned = 0.0  # seconds taken and expected by the finished runs
+        self.current: Job | None = None
+        self.started = self.job_start = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+
+    def ratio(self) -> float:
+        return self.spent / self.planned if self.planned else 1.0
+
+    def line(self) -> str:
+        if self.current is None:
+            return ""
+        now = time.perf_counter()
+        r = self.ratio()
+        in_run = now - self.job_start
+        run_left = max(0.0, self.expected[self.current.key] * r - in_run)
+        i = self.todo.index(self.current)
+        later = sum(self.expected[j.key] for j in self.todo[i + 1:]) * r
+        return (f"[{i + 1}/{len(self.todo)}] {self.current.key}: {_clock(in_run)} in, ETA {_clock(run_left)}; "
+                f"whole run {_clock(now - self.started)} in, ETA {_clock(run_left + later)}")
+
+    def _tick(self):
+        while not self._stop.wait(self.every):
+            print("\r" + self.line(), end="", file=self.stream, flush=True)
+
+    def start(self, job: Job):
+        self.current, self.job_start = job, time.perf_counter()
+        if not self._thread.is_alive():
+            self._thread.start()
+        print(self.line(), file=self.stream, flush=True)
+
+    def finish(self, job: Job, seconds: float):
+        self.spent += seconds
+        self.planned += self.expected[job.key]
+        self.current = None
+        print(f"\r{job.key}: done in {_clock(seconds)}" + " " * 40, file=self.stream, flush=True)
+
+    def close(self):
+        self._stop.set()
+
+
+def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = True) -> dict:
+    """Execute each job not in the ledger (same parameters), recording each as it finishes."""
+    from .notebooks import execute
+
+    pending = [j for j in todo if not ledger.done(j)]
+    for j in todo:
+        if j not in pending:
+            print(f"{j.key}: done before ({ledger.entries[j.key]['seconds']:.0f} s), skipped", file=sys.stderr)
+    bar = Progress(pending, prof.seconds, stream=sys.stderr if progress else open(os.devnull, "w"))
+    try:
+        for j in pending:
+            bar.start(j)
+            t0 = time.perf_counter()
+            execute(j.source, j.executed.parent, j.parameters, timeout=None, rebase_links=True, name=j.executed.name)
+            seconds = time.perf_counter() - t0
+            ledger.record(j, seconds)
+            bar.finish(j, seconds)
+    finally:
+        bar.close()
+    return ledger.entries
+
+
+# ----------------------------------------------------------------------------- the summary
+def _pick(reports, model: str, task: str, size: int):
+    """The sweep of `model` at (task, size) with the most paired questions (the study's, not its pilot's)."""
+    found = [r for r in reports if r.config.get("model") == model and r.config.get("task") == task
+             and r.config.get("num_docs") == size]
+    return max(found, key=lambda r: r.n_questions) if found else None
+
+
+def _cell(m, value, low=None, high=None) -> str:
+    if value is None or value != value:
+        return "n/a"
+    if m.binary:
+        text = f"{100 * value:.0f}%"
+        return text + (f" [{100 * low:.0f}, {100 * high:.0f}]" if low is not None else "")
+    return f"{value:+.2f}" + (f" [{low:+.2f}, {high:+.2f}]" if low is not None else "")
+
+
+def equivalence_p(estimate, margin: float) -> float:
+    """TOST p that a t estimate (value, 95% t interval, n) lies within +-margin, from its standard error."""
+    from scipy.stats import t
+
+    df = estimate.n - 1
+    se = (estimate.high - estimate.low) / (2 * t.ppf(0.975, df))
+    if se == 0:
+        return 0.0 if abs(estimate.value) < margin else 1.0
+    return float(max(t.sf((estimate.value + margin) / se, df), t.cdf((estimate.value - margin) / se, df)))
+
+
+def _reading(estimate, m, smallest: float) -> str:
+    """What a primary middle penalty says against the smallest effect of interest (as `planning.conclusion`)."""
+    if estimate.low > 0 or estimate.high < 0:
+        return "excludes 0"
+    p = equivalence_p(estimate, smallest)
+    return (f"within +-{m.format(smallest)} (TOST p = {p:.2g})" if p < 0.05
+            else f"cannot tell from +-{m.format(smallest)} (TOST p = {p:.2g})")
+
+
+def _rows(report, wall: str, primary: str | None = None, smallest: float | None = None) -> list[list[str]]:
+    """One row per measure (accuracy, then the margin where held): each gold position, closed-book, oracle, the
+    middle penalty with its t interval and p (for the study's primary measure, read against its smallest effect
+    of interest), n, the wall time."""
+    from . import stats
+
+    s = report.summary
+    rows = []
+    for name in ("accuracy", "margin"):
+        m = stats.measure(name)
+        if m.summary[0] not in s:
+            continue
+        y, lo, hi = m.summary
+        docs = s[s["condition"] == "documents"].sort_values("position")
+        cells = [_cell(m, r[y], r[lo], r[hi]) for _, r in docs.iterrows()]
+        for cond in ("closedbook", "oracle"):
+            row = s[s["condition"] == cond]
+            cells.append(_cell(m, row[y].iloc[0]) if len(row) else "n/a")
+        effect = next((e for e in report.effects if e.measure.name == name), None)
+        if effect is None:
+            penalty = "n/a"
+        else:
+            e = effect.estimate
+            penalty = (f"{m.format(e.value, True)} [{m.format(e.low, True)}, {m.format(e.high, True)}] {m.unit}, "
+                       f"p = {e.p_value:.2g}")
+            if name == primary and smallest:
+                penalty += f"; {_reading(e, m, smallest)}"
+        n = effect.estimate.n if effect else report.n_questions
+        rows.append([report.config.get("model"), f"{m.label.split(' over')[0]}" + (" (nats)" if not m.binary else ""),
+                     *cells, penalty, str(n), wall])
+    return rows
+
+
+def table(results_dir, prof: Profile, ledger: Ledger, models=None) -> tuple[str, list, "pd.DataFrame"]:
+    """The README table: for each (task, size) of the profile, each model's accuracy and margin at every gold
+    position with 95% intervals (Wilson; t), closed-book and oracle, the middle penalty (t interval over questions,
+    t-test p), n and the wall time of the run that made it; the paper's published numbers beside QA at 20
+    documents. Returns the markdown, the sweeps used and their per-position long table (`report.to_table`)."""
+    from .report import analyse, load_results, to_table
+
+    df = load_results(results_dir)
+    reports = analyse(df)
+    models = list(models or prof.models)
+    text, used = [], []
+    hosts = sorted({e["hardware"] for e in ledger.entries.values()})
+    for task, size, label in prof.tables:
+        found = [(m, _pick(reports, m, task, size)) for m in models]
+        found = [(m, r) for m, r in found if r is not None]
+        if not found:
+            continue
+        positions = sorted(int(p) + 1 for p in found[0][1].summary.query("condition == 'documents'")["position"])
+        what = "Multi-document QA" if task == "qa" else "Key-value retrieval"
+        unit = "documents" if task == "qa" else "key-value pairs"
+        head = ["model", "measure", *[f"gold at {p}" for p in positions], "closed-book", "oracle",
+                "middle penalty", "n", "wall time"]
+        lines = [f"**{what}, {size} {unit}** ({found[0][1].config.get('scoring')} scoring)", "",
+                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        run = next(x for x in prof.runs if x.label == label)
+        planned = {**shipped_defaults(run.notebook), **prof.settings.get(run.notebook, {}), **run.parameters}
+        for m, r in found:
+            entry = ledger.entries.get(f"{m}/{label}")
+            wall = _clock(entry["seconds"]) if entry else "n/a"
+            dtype = r.config.get("dtype")
+            for row in _rows(r, wall, planned.get("PRIMARY"), planned.get("SMALLEST")):
+                row[0] = f"{row[0]} ({dtype})" if dtype else row[0]
+                lines.append("| " + " | ".join(row) + " |")
+            used.append(r)
+        for p in PUBLISHED.get((task, size), []):
+            if [int(k) for k in p["positions"]] != positions:
+                continue
+            edges = (p["positions"][positions[0]] + p["positions"][positions[-1]]) / 2
+            middle = p["positions"][positions[len(positions) // 2]]
+            cells = [f"{100 * p['positions'][k]:.1f}%" for k in positions]
+            lines.append("| " + " | ".join([f"{p['model']}, published ({p['source']})", "accuracy (generation, NQ)",
+                                            *cells, f"{100 * p['closedbook']:.1f}%", f"{100 * p['oracle']:.1f}%",
+                                            f"{100 * (edges - middle):+.1f} points (no interval published)",
+                                            str(p["n"]), ""]) + " |")
+        text.append("\n".join(lines))
+    if not text:
+        raise ConfigError(f"no sweep of {', '.join(models)} at the profile's shapes under {results_dir}; run "
+                      "`make paper` (or `python -m litm paper`) first.")
+    text.append(f"Hardware: {'; '.join(hosts) or 'not recorded'}. Intervals are 95%: Wilson for accuracy, t over "
+                "questions for the margin and every middle penalty (edges minus middle, paired; p from the t-test). "
+                "The primary measure's penalty is read against the smallest effect of interest the study was planned "
+                "for: it excludes 0, or an equivalence test (TOST) puts it within that bound, or neither.")
+    return "\n\n".join(text) + "\n", used, to_table(used)
+
+
+def overlay_figures(results_dir, prof: Profile, out_dir, models=None) -> list[Path]:
+    """One figure per task, as the paper draws its models: a column per size, accuracy above the margin, a line
+    per model."""
+    import matplotlib.pyplot as plt
+
+    from .plots import position_curve, save_figure
+    from .report import load_results
+
+    df = load_results(results_dir)
+    models = list(models or prof.models)
+    written = []
+    for task in dict.fromkeys(t for t, _, _ in prof.tables):
+        parts = []
+        for _, size, _ in [x for x in prof.tables if x[0] == task]:
+            picked = []
+            for m in models:
+                g = df[(df["model"] == m) & (df["task"] == task) & (df["num_docs"] == size)]
+                if len(g):  # the sweep with the most questions: the study's, not its pilot's
+                    best = g.groupby("sweep_id")["example_id"].nunique().idxmax()
+                    picked.append(g[g["sweep_id"] == best])
+            if picked:
+                import pandas as pd
+
+                parts.append((size, pd.concat(picked)))
+        if not parts:
+            continue
+        rows = 2 if any("gold_margin" in g and g["gold_margin"].notna().any() for _, g in parts) else 1
+        fig, axes = plt.subplots(rows, len(parts), figsize=(4.6 * len(parts), 3.9 * rows), squeeze=False)
+        unit = "document" if task == "qa" else "key-value pair"
+        for j, (size, g) in enumerate(parts):
+            for i in range(rows):
+                position_curve(g, label_by="model", ax=axes[i][j], measure="margin" if i else None, unit=unit,
+                               title=f"{size} {unit}s" if i == 0 else None)
+        handles = {}
+        for a in axes.flat:  # one legend for the figure: a line per model, and the baselines
+            for h, label in zip(*a.get_legend_handles_labels()):
+                handles.setdefault(label, h)
+            if a.get_legend():
+                a.get_legend().remove()
+        fig.suptitle(("Multi-document QA" if task == "qa" else "Key-value retrieval") + f" ({prof.name} profile)")
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, frameon=False)
+        fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(handles) // 3), 1, 1))
+        written += save_figure(fig, f"{task}-position-curves", out_dir)
+        plt.close(fig)
+    return written
+
+
+def summarize(prof: Profile, results_dir, reports_dir, figures_dir, models=None, readme=None) -> str:
+    """The table (`table.md`), the report of the sweeps it uses (report.md, .tex, .csv) and the overlay figures;
+    with `readme`, the table also replaces the block between `<!-- paper-table -->` markers there."""
+    from .report import write_report
+
+    ledger = Ledger(Path(reports_dir) / "runs.json")
+    text, used, _ = table(results_dir, prof, ledger, models)
+    out = Path(reports_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(text)
+    folders = [Path(results_dir) / h for r in used for h in r.runs]
+    write_report(folders, out)
+    figures = overlay_figures(results_dir, prof, figures_dir, models)
+    if readme:
+        path = Path(readme)
+        marker = "<!-- paper-table -->"
+        body = path.read_text()
+        if body.count(marker) != 2:
+            raise ConfigError(f"{path} needs two {marker} lines around the table's place.")
+        head, _, rest = body.partition(marker)
+        _, _, tail = rest.partition(marker)
+        path.write_text(f"{head}{marker}\n{text}{marker}{tail}")
+    print(f"wrote {out / 'table.md'}, {out / 'report.md'} (.tex, .csv) and {len(figures)} figure files in "
+          f"{figures_dir}", file=sys.stderr)
+    return text

@@ -1,0 +1,293 @@
+"""Profiles and `make paper`: what a profile sets, the runs it makes, the ledger that resumes them, the ETA, and the
+table and figures from stored records."""
+import json
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from litm import SweepConfig, paper, profiles
+from litm.cli import main
+from litm.errors import ConfigError
+from litm.experiment import Sweep
+from litm.notebooks import declared
+from litm.store import ResultStore
+from litm.study import config_hash
+
+from conftest import ROOT
+
+IDENTITY = {"weights": {"kind": "test"}, "dtype": "bfloat16", "device": "cpu", "attn_implementation": "sdpa",
+            "backend": "transformers"}
+NUMBERS = ("01", "02", "03", "04", "05", "06", "07", "08")
+
+
+def test_the_course_profile_is_the_notebooks_as_shipped():
+    for nb in NUMBERS:
+        defaults = profiles.shipped_defaults(nb)
+        assert defaults["PROFILE"] == "course"
+        namespace = dict(defaults)
+        assert profiles.use("course", nb, namespace) == {} and namespace == defaults
+
+
+@pytest.mark.parametrize("name", ["paper", "paper-gpu"])
+def test_every_value_a_profile_sets_is_one_the_notebook_declares(name):
+    prof = profiles.profile(name)
+    for nb in prof.settings:
+        assert set(profiles.settings(name, nb)) <= set(profiles.shipped_defaults(nb))
+    for run in prof.runs:
+        assert set(run.parameters) <= set(profiles.shipped_defaults(run.notebook)), run.label
+
+
+def test_the_paper_profile_has_the_papers_shape():
+    s = profiles.profile("paper").settings
+    assert (s["02"]["NUM_DOCS"], s["02"]["POSITIONS"]) == (20, (0, 4, 9, 14, 19))
+    assert (s["01"]["NUM_PAIRS"], s["01"]["POSITIONS"]) == (75, (0, 24, 49, 74))
+    runs = {r.label: r for r in profiles.profile("paper").runs}
+    assert runs["02-qa-30"].parameters["POSITIONS"] == (0, 4, 9, 14, 19, 24, 29)
+    assert runs["01-kv-140"].parameters["POSITIONS"] == (0, 34, 69, 104, 139)
+    assert s["01"]["LEAST"] >= 100 and s["02"]["LEAST"] >= 100
+
+
+def test_a_profile_keeps_the_values_you_set(capsys):
+    namespace = dict(profiles.shipped_defaults("02"), NUM_DOCS=30, POSITIONS=(0, 14, 29))
+    changed = profiles.use("paper", "02", namespace)
+    assert namespace["NUM_DOCS"] == 30 and namespace["POSITIONS"] == (0, 14, 29)
+    assert namespace["SENTENCES"] == profiles.PAPER_SENTENCES and changed["LEAST"] == 100
+    assert "NUM_DOCS" not in changed and "kept as you set them: NUM_DOCS=30" in capsys.readouterr().out
+
+
+def test_an_unknown_profile_is_one_clear_error():
+    with pytest.raises(ConfigError, match="unknown profile 'papers'.*course, paper, paper-gpu"):
+        profiles.use("papers", "02", {})
+
+
+def test_paper_documents_are_about_as_long_as_the_papers():
+    from litm.data import generate_fictional_qa
+
+    words = [len(d.text.split()) for e in generate_fictional_qa(5, 20, 0, profiles.PAPER_SENTENCES)
+             for d in e.documents]
+    assert 85 <= np.mean(words) <= 115  # the paper's passages: 100 words
+
+
+def test_the_runs_of_a_profile(tmp_path):
+    prof = profiles.profile("paper")
+    todo, skipped = paper.jobs(prof, root=ROOT)
+    keys = [j.key for j in todo]
+    assert "smollm2-135m/01-kv-140" not in keys and "gemma3-270m/01-kv-140" in keys  # an 8k window cannot hold 140 pairs
+    assert any("01-kv-140 on smollm2-135m" in s for s in skipped)
+    assert [k for k in keys if k.endswith("07-diagnosis")] == ["smollm2-135m/07-diagnosis"]  # it compares the two itself
+    job = next(j for j in todo if j.key == "gemma3-270m/02-qa-30")
+    assert job.parameters["MODEL"] == "gemma3-270m" and job.parameters["NUM_DOCS"] == 30
+    assert job.parameters["FIGURES_DIR"] == "../figures/paper/gemma3-270m/02-qa-30"
+    assert job.executed == ROOT / "notebooks" / "paper" / "gemma3-270m" / "02-qa-30.ipynb"
+    assert "REPORT_DIR" in next(j for j in todo if j.run.notebook == "06").parameters
+    # a job array: every n-th model; a parameter goes only where it is declared
+    first, _ = paper.jobs(prof, shard=(0, 2), root=ROOT, overrides={"LIMIT": 3})
+    second, _ = paper.jobs(prof, shard=(1, 2), root=ROOT)
+    assert {j.model for j in first} == {"smollm2-135m"} and {j.model for j in second} == {"gemma3-270m"}
+    assert len(first) + len(second) == len(todo)
+    assert all(("LIMIT" in j.parameters) == ("LIMIT" in declared(j.source)) for j in first)
+    only, _ = paper.jobs(prof, only=["02"], root=ROOT)
+    assert {j.run.label for j in only} == {"02-qa-20", "02-qa-30"}
+    # NN.NAME sets one notebook's parameter; a name no run declares is an error, not a silent no-op
+    scoped, _ = paper.jobs(prof, models=["smollm2-135m"], root=ROOT, overrides={"06.DEPTHS": 4})
+    assert [j.run.notebook for j in scoped if j.parameters.get("DEPTHS") == 4] == ["06"]
+    with pytest.raises(ConfigError, match="no run declares 03.MOST, LIMT"):
+        paper.jobs(prof, root=ROOT, overrides={"LIMT": 3, "03.MOST": 3})
+
+
+def test_the_gpu_profile_says_to_fetch_the_data_first():
+    with pytest.raises(ConfigError, match="python -m litm fetch liu2023"):
+        paper.jobs(profiles.profile("paper-gpu"), root=ROOT)
+
+
+def test_a_model_path_becomes_a_folder_name():
+    assert paper.slug("Qwen/Qwen2.5-7B-Instruct") == "Qwen--Qwen2.5-7B-Instruct"
+    assert paper.slug("/tmp/x/tiny-llama") == "tiny-llama" and paper.slug("gemma3-270m") == "gemma3-270m"
+
+
+def test_the_ledger_skips_what_is_done_and_jobs_share_it(tmp_path):
+    prof = profiles.profile("paper")
+    todo, _ = paper.jobs(prof, root=ROOT)
+    a, b = (replace(j, executed=tmp_path / f"{j.run.label}.ipynb") for j in todo[:2])
+    first, second = paper.Ledger(tmp_path / "runs.json"), paper.Ledger(tmp_path / "runs.json")
+    first.record(a, 12.0)
+    second.record(b, 30.0)  # another job of the array, which read the ledger before the first wrote
+    assert set(json.loads((tmp_path / "runs.json").read_text())) == {a.key, b.key}
+    assert not paper.Ledger(tmp_path / "runs.json").done(a)  # no executed copy: not done
+    a.executed.write_text("{}")
+    assert paper.Ledger(tmp_path / "runs.json").done(a)
+    changed = replace(a, parameters={**a.parameters, "MOST": 5})
+    assert not paper.Ledger(tmp_path / "runs.json").done(changed)  # other parameters: run again
+
+
+def test_the_eta_learns_the_machines_speed(monkeypatch):
+    todo, _ = paper.jobs(profiles.profile("paper"), root=ROOT)
+    a, b, c = todo[:3]
+    bar = paper.Progress([a, b, c], {a.key: 100.0, b.key: 300.0})  # c unknown: the mean of the known, 200 s
+    now = [1000.0]
+    monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
+    bar.started = bar.job_start = now[0]
+    bar.current = a
+    now[0] += 40
+    assert "ETA 1 min 00 s; whole run 0 min 40 s in, ETA 9 min 20 s" in bar.line()  # 60 + 300 + 200 s
+    bar.finish(a, 200.0)  # twice as long as expected: the rest is expected to take twice as long too
+    bar.current, bar.job_start = b, now[0]
+    now[0] += 100
+    assert "ETA 8 min 20 s; whole run 2 min 20 s in, ETA 15 min 00 s" in bar.line()  # 600 - 100, then + 400
+
+
+def _write_sweep(root, model, num_docs, positions, n, seed, task="qa"):
+    """A sweep with closed-book and oracle written directly: margins drawn per position, right when above 0."""
+    rng = np.random.default_rng(seed)
+    base = SweepConfig(task=task, model=model, num_docs=num_docs, positions=positions, limit=n)
+    truth = {}
+    for cond, pos in base.conditions():
+        mean = -1.0 if cond == "closedbook" else 2.0 if cond == "oracle" else (1.0 if pos in (0, num_docs - 1) else
+                                                                                  -0.5)
+        margins = rng.normal(mean, 1.5, n)
+        rc = Sweep(base).run_config({**IDENTITY, "weights": {"kind": "test", "model": model}},
+                                    {"condition": cond, "position": pos})
+        store = ResultStore(root, config_hash(rc), rc)
+        for i, mg in enumerate(margins):
+            store.append({"example_id": f"q{i}", "condition": cond, "position": pos, "status": "ok",
+                          "correct": bool(mg > 0), "gold_loglik": -1.0, "gold_margin": float(mg), "gold_rank": 1,
+                          "prompt_tokens": 500, "scoring": "choice"})
+        store.close()
+        truth[(cond, pos)] = margins
+    return truth
+
+
+def test_the_table_reads_the_studys_sweep_and_its_numbers_match_the_records(tmp_path):
+    results = tmp_path / "results"
+    positions = (0, 4, 9, 14, 19)
+    truth = _write_sweep(results, "smollm2-135m", 20, positions, 40, 0)
+    _write_sweep(results, "smollm2-135m", 20, positions, 8, 1)  # a pilot-sized sweep of the same shape: not used
+    ledger = paper.Ledger(tmp_path / "runs.json")
+    ledger.entries = {"smollm2-135m/02-qa-20": {"seconds": 754.0, "hardware": "a test CPU, 2 cores"}}
+    text, used, long = paper.table(results, profiles.profile("paper"), ledger, models=["smollm2-135m"])
+    assert len(used) == 1 and used[0].n_questions == 40
+    rows = [line for line in text.splitlines() if line.startswith("| smollm2-135m")]
+    accuracy, margin = (r.split(" | ") for r in rows)
+    # accuracy at gold 1: the share of positive margins, with its Wilson interval
+    k = int((truth[("documents", 0)] > 0).sum())
+    lo, hi = sps.binomtest(k, 40).proportion_ci(method="wilson")
+    assert accuracy[2] == f"{100 * k / 40:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]"
+    # the margin's middle penalty: each question's edges minus its middle, a t interval over the 40
+    per_q = (truth[("documents", 0)] + truth[("documents", 19)]) / 2 - truth[("documents", 9)]
+    half = sps.t.ppf(0.975, 39) * per_q.std(ddof=1) / np.sqrt(40)
+    assert margin[-3].startswith(f"{per_q.mean():+.2f} [{per_q.mean() - half:+.2f}, {per_q.mean() + half:+.2f}] nats")
+    assert f"p = {sps.ttest_1samp(per_q, 0).pvalue:.2g}" in margin[-3]
+    assert margin[-3].endswith("; excludes 0") and "excludes" not in accuracy[-3]  # margin is the primary measure
+    assert margin[-2] == "40" and margin[-1].strip(" |") == "12 min 34 s"
+    assert f"{truth[('oracle', None)].mean():+.2f}" == margin[8]
+    assert "GPT-3.5-Turbo (0613), published" in text and "75.8%" in text and "+15.7 points" in text
+    assert "a test CPU, 2 cores" in text
+    assert set(long["position"].dropna()) == {1, 5, 10, 15, 20}
+
+
+def test_a_null_penalty_is_read_against_the_smallest_effect_by_two_one_sided_tests():
+    from litm import stats
+
+    rng = np.random.default_rng(3)
+    for values, smallest, word in ((rng.normal(0.05, 0.4, 60), 0.5, "within"), (rng.normal(0.1, 2.0, 12), 0.5, "cannot")):
+        expected = max(sps.ttest_1samp(values, -smallest, alternative="greater").pvalue,
+                       sps.ttest_1samp(values, smallest, alternative="less").pvalue)
+        est = stats.t_estimate(values)
+        assert paper.equivalence_p(est, smallest) == pytest.approx(expected, rel=1e-6)
+        assert paper._reading(est, stats.measure("margin"), smallest).startswith(word)
+
+
+def test_the_summary_writes_the_table_report_figures_and_the_readme_block(tmp_path):
+    results = tmp_path / "results"
+    for model, seed in (("smollm2-135m", 0), ("gemma3-270m", 2)):
+        _write_sweep(results, model, 20, (0, 4, 9, 14, 19), 12, seed)
+        _write_sweep(results, model, 75, (0, 24, 49, 74), 12, seed + 1, task="kv")
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- paper-table -->\nSTALE\n<!-- paper-table -->\nafter\n")
+    paper.summarize(profiles.profile("paper"), results, tmp_path / "reports", tmp_path / "figures", readme=readme)
+    for name in ("table.md", "report.md", "report.tex", "report.csv"):
+        assert (tmp_path / "reports" / name).stat().st_size > 100
+    for task in ("qa", "kv"):
+        assert (tmp_path / "figures" / f"{task}-position-curves.png").stat().st_size > 10_000
+    body = readme.read_text()
+    assert "STALE" not in body and body.endswith("<!-- paper-table -->\nafter\n")
+    assert body.count("| gemma3-270m (bfloat16) | accuracy |") == 2  # QA at 20 and KV at 75
+
+
+def test_the_cli_lists_the_runs_without_running_them(capsys):
+    assert main(["paper", "--list", "--only", "02"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"smollm2-135m/02-qa-20: (to do|done)", out) and "gemma3-270m/02-qa-30" in out
+    assert main(["paper", "--profile", "nope", "--list"]) == 2
+
+
+# CI sizes for every run of the paper profile: the paper's shapes (20 and 30 documents of 100 words, 75 and 140
+# pairs), a few questions each
+TINY_SIZES = {"MOST": 3, "LEAST": 3, "PILOT": 3, "LIMIT": 2, "CAL_EXAMPLES": 1, "SINK_LENGTHS": (1000, 2000),
+              "SHARED": 2, "TIME_FIRST": 1, "LENGTHS": (1000, 2000), "GRID_LIMIT": 3, "06.DEPTHS": 4, "ORDERS": 1,
+              "BIAS_EXAMPLES": 1, "CHANNEL_EXAMPLES": 2, "SORT_ROUNDS": 1,
+              "LEVERS": ("baseline", "attention_sort", "calibration", "rescaling", "channel_scaling", "parallel")}
+
+
+@pytest.mark.notebook
+def test_the_paper_profile_runs_end_to_end_at_ci_sizes_and_resumes(tmp_path, capsys):
+    """`make paper`'s code path on a tiny random model with a long window: every run, the ledger, the summary."""
+    from conftest import build_tiny_model
+
+    model = str(build_tiny_model(tmp_path / "tiny-llama", chat=True, max_positions=32768))
+    second = str(build_tiny_model(tmp_path / "tiny-gemma3", chat=True, max_positions=32768, arch="gemma3"))
+    prof = profiles.profile("paper")
+    overrides = {**TINY_SIZES, "RESULTS_DIR": str(tmp_path / "results"), "SECOND_MODEL": second}
+    todo, skipped = paper.jobs(prof, [model], overrides=overrides, root=ROOT, out=tmp_path)
+    assert not skipped and {j.run.label for j in todo} == {r.label for r in prof.runs}
+    ledger = paper.Ledger(tmp_path / "reports" / "paper" / "runs.json")
+    paper.run_jobs(prof, todo, ledger, progress=False)
+    for j in todo:
+        assert j.executed.is_file() and list((tmp_path / "figures" / "paper" / "tiny-llama" / j.run.label).glob("*.png"))
+    text = paper.summarize(prof, tmp_path / "results", tmp_path / "reports" / "paper", tmp_path / "figures" / "paper",
+                           models=[model])
+    for heading in ("Multi-document QA, 20 documents", "Multi-document QA, 30 documents",
+                    "Key-value retrieval, 75 key-value pairs", "Key-value retrieval, 140 key-value pairs"):
+        assert heading in text
+    assert "| gold at 25 | gold at 30 |" in text
+    # a rerun makes nothing again: every run is in the ledger with the same parameters
+    capsys.readouterr()
+    paper.run_jobs(prof, todo, paper.Ledger(tmp_path / "reports" / "paper" / "runs.json"), progress=False)
+    assert capsys.readouterr().err.count("done before") == len(todo)
+
+
+@pytest.mark.notebook
+def test_the_gpu_profile_parses_and_starts_on_a_tiny_model_with_the_papers_file_layout(tmp_path):
+    """`paper-gpu` on the CPU: the paper's four file shapes (written here in its schema), generation, accuracy."""
+    import gzip
+    import shutil
+
+    from conftest import build_tiny_model
+    from litm.data import fictional_qa_records, kv_records
+
+    for nb in (ROOT / "notebooks").glob("0[12]-*.ipynb"):
+        (tmp_path / "notebooks").mkdir(exist_ok=True)
+        shutil.copy(nb, tmp_path / "notebooks" / nb.name)
+    liu = tmp_path / "data" / "liu2023"
+    files = {"qa_data/20_total_documents/nq-open-20_total_documents_gold_at_0.jsonl.gz": fictional_qa_records(6, 20),
+             "qa_data/30_total_documents/nq-open-30_total_documents_gold_at_0.jsonl.gz": fictional_qa_records(6, 30),
+             "kv_retrieval_data/kv-retrieval-75_keys.jsonl.gz": kv_records(6, 75),
+             "kv_retrieval_data/kv-retrieval-140_keys.jsonl.gz": kv_records(6, 140)}
+    for name, records in files.items():
+        (liu / name).parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(liu / name, "wt") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    model = str(build_tiny_model(tmp_path / "tiny-llama", chat=True, max_positions=32768))
+    prof = profiles.profile("paper-gpu")
+    overrides = {"MOST": 3, "LEAST": 2, "PILOT": 3, "BATCH_SIZE": 2, "RESULTS_DIR": str(tmp_path / "results")}
+    todo, skipped = paper.jobs(prof, [model], overrides=overrides, root=tmp_path)
+    assert not skipped and [j.run.label for j in todo] == ["01-kv-75", "01-kv-140", "02-qa-20", "02-qa-30"]
+    # one run end to end (a random model generates the whole 100 tokens every time: slow at 75 and 140 pairs)
+    run = [j for j in todo if j.run.label == "02-qa-20"]
+    paper.run_jobs(prof, run, paper.Ledger(tmp_path / "reports" / "paper-gpu" / "runs.json"), progress=False)
+    text = paper.summarize(prof, tmp_path / "results", tmp_path / "reports" / "paper-gpu",
+                           tmp_path / "figures" / "paper-gpu", models=[model])
+    assert "(generate scoring)" in text and "| gold at 20 | closed-book |" in text and "GPT-3.5-Turbo" in text
