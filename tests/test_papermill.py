@@ -75,3 +75,17 @@ def test_rebase_leaves_web_links_and_anchors_alone():
     md = "[a](../docs/x.md#y) ![f](../figures/f.png) [w](https://example.org/a) [h](#here)"
     assert rebase(md, Path("/r/notebooks"), Path("/r/notebooks/executed")) == (
         "[a](../../docs/x.md#y) ![f](../../figures/f.png) [w](https://example.org/a) [h](#here)")
+
+
+def test_papermill_reads_every_parameter_of_every_shipped_notebook():
+    """papermill parses the parameters cell itself (one name per line, no `;` in a comment); a name it cannot read
+    is still injected but warned about as unknown, so every name ours declares must be one papermill sees."""
+    import papermill
+
+    from conftest import ROOT
+
+    for nb in sorted((ROOT / "notebooks").glob("**/*.ipynb")):
+        if "executed" in nb.parts or "paper" in nb.parts:
+            continue
+        seen = set(papermill.inspect_notebook(str(nb)))
+        assert set(declared(nb)) <= seen, f"{nb.name}: papermill cannot read {sorted(set(declared(nb)) - seen)}"
