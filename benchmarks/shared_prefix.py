@@ -2,7 +2,8 @@
 prompts for gold at positions k < j share everything up to the k-th document, so the tree prefills each
 shared prefix once.  Unshared is how a study scores condition by condition (batches of `--batch-size`
 prompts, `runner.choice`); the tree takes a batch of `--batch-size` questions under every condition at once
-(`runner.shared_choice`, what `Study.run` does when `shared_prefix` is on).  Prints prefill tokens and seconds
+(`runner.shared_choice`; `runner.score(..., shared_prefix=True)`. `Study.run` scores condition by condition,
+one stored run each, so the studies do not use the tree yet).  Prints prefill tokens and seconds
 for both, their ratios, and the largest score difference (they must agree).
 
     .venv/bin/python benchmarks/shared_prefix.py --task qa --docs 10 --positions 0,4,9 --examples 8

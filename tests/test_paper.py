@@ -139,6 +139,23 @@ def test_the_eta_learns_the_machines_speed(monkeypatch):
     assert "ETA 8 min 20 s; whole run 2 min 20 s in, ETA 15 min 00 s" in bar.line()  # 600 - 100, then + 400
 
 
+def test_progress_redraws_a_terminal_line_and_appends_to_a_log_file():
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    todo, _ = paper.jobs(profiles.profile("paper"), root=ROOT)
+    log, term = io.StringIO(), Terminal()
+    for stream, every in ((log, 60.0), (term, 5.0)):
+        bar = paper.Progress(todo[:1], {}, stream=stream)
+        assert bar.every == every
+        bar.finish(todo[0], 61.0)
+    assert log.getvalue() == f"{todo[0].key}: done in 1 min 01 s\n"
+    assert term.getvalue().startswith("\r") and term.getvalue().rstrip().endswith("done in 1 min 01 s")
+
+
 def _write_sweep(root, model, num_docs, positions, n, seed, task="qa"):
     """A sweep with closed-book and oracle written directly: margins drawn per position, right when above 0."""
     rng = np.random.default_rng(seed)

@@ -193,11 +193,13 @@ class Progress:
     or 10 minutes); as runs finish, every estimate is scaled by how long the finished runs took against what was
     expected, so the ETA learns this machine's speed."""
 
-    def __init__(self, todo: list[Job], expected: dict, stream=sys.stderr, every: float = 5.0):
+    def __init__(self, todo: list[Job], expected: dict, stream=sys.stderr, every: float | None = None):
         known = [expected[j.key] for j in todo if j.key in expected]
         default = sum(known) / len(known) if known else 600.0
         self.expected = {j.key: expected.get(j.key, default) for j in todo}
-        self.todo, self.stream, self.every = todo, stream, every
+        # a terminal gets one line redrawn every 5 s; a log file (a batch job's) a new line a minute
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.todo, self.stream, self.every = todo, stream, every or (5.0 if self.tty else 60.0)
         self.spent = self.planned = 0.0  # seconds taken and expected by the finished runs
         self.current: Job | None = None
         self.started = self.job_start = time.perf_counter()
@@ -221,7 +223,7 @@ class Progress:
 
     def _tick(self):
         while not self._stop.wait(self.every):
-            print("\r" + self.line(), end="", file=self.stream, flush=True)
+            print(("\r" if self.tty else "") + self.line(), end="" if self.tty else "\n", file=self.stream, flush=True)
 
     def start(self, job: Job):
         self.current, self.job_start = job, time.perf_counter()
@@ -233,7 +235,8 @@ class Progress:
         self.spent += seconds
         self.planned += self.expected[job.key]
         self.current = None
-        print(f"\r{job.key}: done in {_clock(seconds)}" + " " * 40, file=self.stream, flush=True)
+        print(("\r" if self.tty else "") + f"{job.key}: done in {_clock(seconds)}" + " " * (40 if self.tty else 0),
+              file=self.stream, flush=True)
 
     def close(self):
         self._stop.set()
