@@ -234,6 +234,30 @@ def test_the_summary_writes_the_table_report_figures_and_the_readme_block(tmp_pa
     assert body.count("| gemma3-270m (bfloat16) | accuracy |") == 2  # QA at 20 and KV at 75
 
 
+def test_the_overlay_draws_each_models_study_sweep_not_its_pilot(tmp_path, monkeypatch):
+    from litm import plots
+    from litm.report import load_results
+
+    results = tmp_path / "results"
+    for model, seed in (("smollm2-135m", 0), ("gemma3-270m", 2)):
+        _write_sweep(results, model, 20, (0, 4, 9, 14, 19), 12, seed)
+        _write_sweep(results, model, 20, (0, 4, 9, 14, 19), 4, seed + 10)  # a pilot of the same shape
+    df = load_results(results)
+    prof = profiles.profile("paper")
+    _, used, _ = paper.table(df, prof, paper.Ledger(tmp_path / "runs.json"))
+    saved = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, name, out: saved.append(fig) or [name])
+    assert paper.overlay_figures(df, used, prof, tmp_path) == ["qa-position-curves"]
+    accuracy = saved[0].axes[0]
+    curves = {line.get_label(): line.get_ydata() for line in accuracy.get_lines()
+              if line.get_label() in ("smollm2-135m", "gemma3-270m")}
+    assert set(curves) == {"smollm2-135m", "gemma3-270m"}
+    study = df[df["sweep_id"].isin([r.sweep_id for r in used]) & (df["model"] == "gemma3-270m")
+               & (df["condition"] == "documents")]
+    expected = study.groupby("position")["correct"].mean().to_numpy()
+    assert np.allclose(curves["gemma3-270m"], expected)  # the 12-question study, not the 4-question pilot
+
+
 def test_the_cli_lists_the_runs_without_running_them(capsys):
     assert main(["paper", "--list", "--only", "02"]) == 0
     out = capsys.readouterr().out

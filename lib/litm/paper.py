@@ -334,14 +334,15 @@ def _rows(report, wall: str, primary: str | None = None, smallest: float | None 
     return rows
 
 
-def table(results_dir, prof: Profile, ledger: Ledger, models=None) -> tuple[str, list, "pd.DataFrame"]:
+def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, list, "pd.DataFrame"]:
     """The README table: for each (task, size) of the profile, each model's accuracy and margin at every gold
     position with 95% intervals (Wilson; t), closed-book and oracle, the middle penalty (t interval over questions,
     t-test p), n and the wall time of the run that made it; the paper's published numbers beside QA at 20
-    documents. Returns the markdown, the sweeps used and their per-position long table (`report.to_table`)."""
+    documents. `results`: a results folder, or the records `report.load_results` read from one. Returns the
+    markdown, the sweeps used and their per-position long table (`report.to_table`)."""
     from .report import analyse, load_results, to_table
 
-    df = load_results(results_dir)
+    df = load_results(results) if isinstance(results, (str, Path)) else results
     reports = analyse(df)
     models = list(models or prof.models)
     text, used = [], []
@@ -380,7 +381,7 @@ def table(results_dir, prof: Profile, ledger: Ledger, models=None) -> tuple[str,
                                             str(p["n"]), ""]) + " |")
         text.append("\n".join(lines))
     if not text:
-        raise ConfigError(f"no sweep of {', '.join(models)} at the profile's shapes under {results_dir}; run "
+        raise ConfigError(f"no sweep of {', '.join(models)} at the profile's shapes in the results; run "
                       "`make paper` (or `python -m litm paper`) first.")
     text.append(f"Hardware: {'; '.join(hosts) or 'not recorded'}. Intervals are 95%: Wilson for accuracy, t over "
                 "questions for the margin and every middle penalty (edges minus middle, paired; p from the t-test). "
@@ -389,30 +390,21 @@ def table(results_dir, prof: Profile, ledger: Ledger, models=None) -> tuple[str,
     return "\n\n".join(text) + "\n", used, to_table(used)
 
 
-def overlay_figures(results_dir, prof: Profile, out_dir, models=None) -> list[Path]:
+def overlay_figures(df, used, prof: Profile, out_dir) -> list[Path]:
     """One figure per task, as the paper draws its models: a column per size, accuracy above the margin, a line
-    per model."""
+    per model, each the sweep the table used (`used`, from `table`) out of the records `df`."""
     import matplotlib.pyplot as plt
+    import pandas as pd
 
     from .plots import position_curve, save_figure
-    from .report import load_results
 
-    df = load_results(results_dir)
-    models = list(models or prof.models)
     written = []
     for task in dict.fromkeys(t for t, _, _ in prof.tables):
         parts = []
         for _, size, _ in [x for x in prof.tables if x[0] == task]:
-            picked = []
-            for m in models:
-                g = df[(df["model"] == m) & (df["task"] == task) & (df["num_docs"] == size)]
-                if len(g):  # the sweep with the most questions: the study's, not its pilot's
-                    best = g.groupby("sweep_id")["example_id"].nunique().idxmax()
-                    picked.append(g[g["sweep_id"] == best])
-            if picked:
-                import pandas as pd
-
-                parts.append((size, pd.concat(picked)))
+            ids = [r.sweep_id for r in used if r.config.get("task") == task and r.config.get("num_docs") == size]
+            if ids:
+                parts.append((size, pd.concat(df[df["sweep_id"] == i] for i in ids)))
         if not parts:
             continue
         rows = 2 if any("gold_margin" in g and g["gold_margin"].notna().any() for _, g in parts) else 1
@@ -439,16 +431,17 @@ def overlay_figures(results_dir, prof: Profile, out_dir, models=None) -> list[Pa
 def summarize(prof: Profile, results_dir, reports_dir, figures_dir, models=None, readme=None) -> str:
     """The table (`table.md`), the report of the sweeps it uses (report.md, .tex, .csv) and the overlay figures;
     with `readme`, the table also replaces the block between `<!-- paper-table -->` markers there."""
-    from .report import write_report
+    from .report import load_results, write_report
 
     ledger = Ledger(Path(reports_dir) / "runs.json")
-    text, used, _ = table(results_dir, prof, ledger, models)
+    df = load_results(results_dir)
+    text, used, _ = table(df, prof, ledger, models)
     out = Path(reports_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(text)
     folders = [Path(results_dir) / h for r in used for h in r.runs]
     write_report(folders, out)
-    figures = overlay_figures(results_dir, prof, figures_dir, models)
+    figures = overlay_figures(df, used, prof, figures_dir)
     if readme:
         path = Path(readme)
         marker = "<!-- paper-table -->"
