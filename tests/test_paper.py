@@ -139,6 +139,24 @@ def test_the_eta_learns_the_machines_speed(monkeypatch):
     assert "ETA 8 min 20 s; whole run 2 min 20 s in, ETA 15 min 00 s" in bar.line()  # 600 - 100, then + 400
 
 
+def test_the_eta_is_a_range_from_the_fewest_questions_to_the_cap(monkeypatch):
+    prof = profiles.profile("paper")
+    todo, _ = paper.jobs(prof, only=["02-qa-20"], root=ROOT)
+    a, b = todo
+    s = prof.settings["02"]  # the run's size lies between its fewest questions and its cap, each with the pilot
+    per_q = profiles.SECONDS_PER_QUESTION[(a.model, "02-qa-20")]
+    assert prof.seconds[a.key] == pytest.approx((per_q * (s["PILOT"] + s["LEAST"]), per_q * (s["PILOT"] + s["MOST"])))
+    bar = paper.Progress([a, b], {a.key: (600.0, 1800.0), b.key: (60.0, 120.0)})
+    now = [0.0]
+    monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
+    bar.started = bar.job_start = 0.0
+    bar.current = a
+    now[0] = 300.0
+    assert "ETA 5 min 00 s to 25 min 00 s; whole run 5 min 00 s in, ETA 6 min 00 s to 27 min 00 s" in bar.line()
+    now[0] = 900.0  # past the fewest questions' guess: only the cap's bound is left
+    assert "ETA up to 15 min 00 s; whole run 15 min 00 s in, ETA 1 min 00 s to 17 min 00 s" in bar.line()
+
+
 def test_progress_redraws_a_terminal_line_and_appends_to_a_log_file():
     import io
 

@@ -186,17 +186,26 @@ def _clock(seconds: float) -> str:
     return f"{h} h {rest // 60:02d} min" if h else f"{rest // 60} min {rest % 60:02d} s"
 
 
+def _span(low: float, high: float) -> str:
+    """An ETA: one time, or the range from the fewest questions' guess to the cap's ("up to" once past the first)."""
+    if _clock(low) == _clock(high):
+        return _clock(low)
+    return f"up to {_clock(high)}" if low <= 0 else f"{_clock(low)} to {_clock(high)}"
+
+
 class Progress:
     """One line on stderr, redrawn every few seconds: the run in progress with its ETA, and the whole job's.
 
-    A run's expected seconds come from the profile's measured times (unknown ones count as the mean of the known,
-    or 10 minutes); as runs finish, every estimate is scaled by how long the finished runs took against what was
-    expected, so the ETA learns this machine's speed."""
+    A run's expected seconds come from the profile's measured times: one number, or (fewest, most) where the
+    run's size is its pilot's plan, between the fewest questions the profile allows and its cap, so the ETA is a
+    range (unknown runs count as the mean of the known, or 10 minutes). As runs finish, every estimate is scaled by
+    how long the finished runs took against the fewest's guess, so the ETA learns this machine's speed."""
 
     def __init__(self, todo: list[Job], expected: dict, stream=sys.stderr, every: float | None = None):
-        known = [expected[j.key] for j in todo if j.key in expected]
-        default = sum(known) / len(known) if known else 600.0
-        self.expected = {j.key: expected.get(j.key, default) for j in todo}
+        spans = {k: (v, v) if isinstance(v, (int, float)) else tuple(v) for k, v in expected.items()}
+        known = [spans[j.key] for j in todo if j.key in spans]
+        default = tuple(sum(s[i] for s in known) / len(known) for i in (0, 1)) if known else (600.0, 600.0)
+        self.expected = {j.key: spans.get(j.key, default) for j in todo}
         # a terminal gets one line redrawn every 5 s; a log file (a batch job's) a new line a minute
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self.todo, self.stream, self.every = todo, stream, every or (5.0 if self.tty else 60.0)
@@ -215,11 +224,12 @@ class Progress:
         now = time.perf_counter()
         r = self.ratio()
         in_run = now - self.job_start
-        run_left = max(0.0, self.expected[self.current.key] * r - in_run)
         i = self.todo.index(self.current)
-        later = sum(self.expected[j.key] for j in self.todo[i + 1:]) * r
-        return (f"[{i + 1}/{len(self.todo)}] {self.current.key}: {_clock(in_run)} in, ETA {_clock(run_left)}; "
-                f"whole run {_clock(now - self.started)} in, ETA {_clock(run_left + later)}")
+        left = [max(0.0, self.expected[self.current.key][k] * r - in_run)
+                + sum(self.expected[j.key][k] for j in self.todo[i + 1:]) * r for k in (0, 1)]
+        run = [max(0.0, self.expected[self.current.key][k] * r - in_run) for k in (0, 1)]
+        return (f"[{i + 1}/{len(self.todo)}] {self.current.key}: {_clock(in_run)} in, ETA {_span(*run)}; "
+                f"whole run {_clock(now - self.started)} in, ETA {_span(*left)}")
 
     def _tick(self):
         while not self._stop.wait(self.every):
@@ -233,7 +243,7 @@ class Progress:
 
     def finish(self, job: Job, seconds: float):
         self.spent += seconds
-        self.planned += self.expected[job.key]
+        self.planned += self.expected[job.key][0]
         self.current = None
         print(("\r" if self.tty else "") + f"{job.key}: done in {_clock(seconds)}" + " " * (40 if self.tty else 0),
               file=self.stream, flush=True)

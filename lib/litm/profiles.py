@@ -45,7 +45,7 @@ class Profile:
     models: tuple[str, ...] = ()
     runs: tuple[Run, ...] = ()
     tables: tuple[tuple[str, int, str], ...] = ()  # (task, size, the run's label): what the summary table reports
-    seconds: dict = field(default_factory=dict)  # "model/label" -> expected wall seconds, for the ETA
+    seconds: dict = field(default_factory=dict)  # "model/label" -> expected wall seconds (or (fewest, most)): the ETA
 
 
 PAPER_SETTINGS = {
@@ -85,7 +85,8 @@ def _runs(gpu: bool = False) -> tuple[Run, ...]:
 
 
 # Seconds a question (every condition of it) on a 2-core Xeon with AMX in bfloat16, forced choice, measured on 3
-# questions per shape (2026-12-04): the ETA's first guess is this times the pilot and the fewest study questions.
+# questions per shape (2026-12-04): the ETA's first guess is this times the pilot and the study's questions, from
+# the fewest the profile allows (LEAST) to its cap (MOST): the pilot's plan picks between them as the run goes.
 SECONDS_PER_QUESTION = {
     ("smollm2-135m", "01-kv-75"): 38.4, ("smollm2-135m", "02-qa-20"): 9.7, ("smollm2-135m", "02-qa-30"): 26.5,
     ("gemma3-270m", "01-kv-75"): 76.1, ("gemma3-270m", "02-qa-20"): 14.5, ("gemma3-270m", "02-qa-30"): 37.5,
@@ -96,7 +97,7 @@ def _expected(settings: dict) -> dict:
     out = {}
     for (model, label), per_question in SECONDS_PER_QUESTION.items():
         s = settings[label.split("-")[0]]
-        out[f"{model}/{label}"] = per_question * (s["PILOT"] + s["LEAST"])
+        out[f"{model}/{label}"] = (per_question * (s["PILOT"] + s["LEAST"]), per_question * (s["PILOT"] + s["MOST"]))
     return out
 
 
