@@ -123,6 +123,58 @@ def test_the_ledger_skips_what_is_done_and_jobs_share_it(tmp_path):
     assert not paper.Ledger(tmp_path / "runs.json").done(changed)  # other parameters: run again
 
 
+def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tmp_path):
+    import litm.notebooks
+
+    prof = profiles.profile("paper")
+    todo, _ = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT, out=tmp_path)
+    job = todo[0]
+    now = [0.0]
+    monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
+
+    def stopped(*args, **kwargs):
+        now[0] += 700.0
+        raise KeyboardInterrupt
+
+    def finishes(*args, **kwargs):
+        now[0] += 500.0
+        job.executed.parent.mkdir(parents=True, exist_ok=True)
+        job.executed.write_text("{}")
+
+    ledger = paper.Ledger(tmp_path / "runs.json")
+    monkeypatch.setattr(litm.notebooks, "execute", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        paper.run_jobs(prof, [job], ledger, progress=False)
+    entry = json.loads((tmp_path / "runs.json").read_text())[job.key]
+    assert entry["partial_seconds"] == 700.0 and entry["attempts"] == 1 and "seconds" not in entry
+    assert not paper.Ledger(tmp_path / "runs.json").done(job)
+    monkeypatch.setattr(litm.notebooks, "execute", finishes)
+    paper.run_jobs(prof, [job], paper.Ledger(tmp_path / "runs.json"), progress=False)
+    entry = json.loads((tmp_path / "runs.json").read_text())[job.key]
+    assert entry["seconds"] == 1200.0 and entry["attempts"] == 2 and "partial_seconds" not in entry
+    assert paper.Ledger(tmp_path / "runs.json").done(job)
+    changed = replace(job, parameters={**job.parameters, "MOST": 5})  # other parameters start the count again
+    paper.Ledger(tmp_path / "runs.json").record(changed, 30.0, finished=False)
+    assert json.loads((tmp_path / "runs.json").read_text())[job.key]["partial_seconds"] == 30.0
+
+
+def test_a_batch_systems_sigterm_stops_the_run_like_ctrl_c(monkeypatch, tmp_path):
+    import os
+    import signal
+
+    import litm.notebooks
+
+    prof = profiles.profile("paper")
+    job = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT, out=tmp_path)[0][0]
+    monkeypatch.setattr(litm.notebooks, "execute", lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        paper.run_jobs(prof, [job], paper.Ledger(tmp_path / "runs.json"), progress=False)
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert json.loads((tmp_path / "runs.json").read_text())[job.key]["attempts"] == 1
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+
+
 def test_the_eta_learns_the_machines_speed(monkeypatch):
     todo, _ = paper.jobs(profiles.profile("paper"), root=ROOT)
     a, b, c = todo[:3]

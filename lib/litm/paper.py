@@ -152,7 +152,8 @@ def jobs(prof: Profile, models=None, only=None, shard=None, overrides=None, root
 class Ledger:
     """`runs.json`: each finished run with its parameters' digest, seconds, hardware and time. Each record rereads
     the file under a lock and writes it whole through a temporary file, so the jobs of an array share one ledger
-    and a killed job loses at most the run it was in."""
+    and a killed job loses at most the run it was in. A run stopped part way (Ctrl-C, a batch system's SIGTERM)
+    leaves its seconds so far; its finished entry's `seconds` add up every attempt (`attempts` counts them)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -163,17 +164,27 @@ class Ledger:
 
     def done(self, job: Job) -> bool:
         e = self.entries.get(job.key)
-        return bool(e) and e.get("digest") == job.digest and job.executed.is_file()
+        return bool(e) and "seconds" in e and e.get("digest") == job.digest and job.executed.is_file()
 
-    def record(self, job: Job, seconds: float) -> None:
+    def record(self, job: Job, seconds: float, finished: bool = True) -> None:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.entries = {**self.entries, **self._read()}
-            self.entries[job.key] = {"digest": job.digest, "seconds": round(seconds, 1), "hardware": hardware(),
-                                     "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "notebook": str(job.executed),
+            before = self.entries.get(job.key, {})
+            if before.get("digest") != job.digest or "seconds" in before:  # another run's, or a finished one
+                before = {}
+            spent, attempts = before.get("partial_seconds", 0.0) + seconds, before.get("attempts", 0) + 1
+            if finished:
+                entry = {"seconds": round(spent, 1), "attempts": attempts,
+                         "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+            else:
+                entry = {"partial_seconds": round(spent, 1), "attempts": attempts,
+                         "stopped": time.strftime("%Y-%m-%d %H:%M:%S")}
+            self.entries[job.key] = {"digest": job.digest, **entry, "hardware": hardware(),
+                                     "notebook": str(job.executed),
                                      "parameters": {k: repr(v) for k, v in job.parameters.items()}}
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True) + "\n")
@@ -256,6 +267,14 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
     """Execute each job not in the ledger (same parameters), recording each as it finishes."""
     from .notebooks import execute
 
+    import signal
+    import threading
+
+    def stop(signum, frame):  # a batch system's SIGTERM unwinds like Ctrl-C: the run's seconds so far are kept
+        raise SystemExit(128 + signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
     pending = [j for j in todo if not ledger.done(j)]
     for j in todo:
         if j not in pending:
@@ -265,12 +284,18 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
         for j in pending:
             bar.start(j)
             t0 = time.perf_counter()
-            execute(j.source, j.executed.parent, j.parameters, timeout=None, rebase_links=True, name=j.executed.name)
-            seconds = time.perf_counter() - t0
-            ledger.record(j, seconds)
-            bar.finish(j, seconds)
+            try:
+                execute(j.source, j.executed.parent, j.parameters, timeout=None, rebase_links=True,
+                        name=j.executed.name)
+            except BaseException:  # stopped or failed: its records stay, and so do its seconds, for the rerun
+                ledger.record(j, time.perf_counter() - t0, finished=False)
+                raise
+            ledger.record(j, time.perf_counter() - t0)
+            bar.finish(j, ledger.entries[j.key]["seconds"])
     finally:
         bar.close()
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     return ledger.entries
 
 
@@ -373,7 +398,7 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
         planned = {**shipped_defaults(run.notebook), **prof.settings.get(run.notebook, {}), **run.parameters}
         for m, r in found:
             entry = ledger.entries.get(f"{m}/{label}")
-            wall = _clock(entry["seconds"]) if entry else "n/a"
+            wall = _clock(entry["seconds"]) if entry and "seconds" in entry else "n/a"
             dtype = r.config.get("dtype")
             for row in _rows(r, wall, planned.get("PRIMARY"), planned.get("SMALLEST")):
                 row[0] = f"{row[0]} ({dtype})" if dtype else row[0]
