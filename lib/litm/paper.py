@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+import signal
 import sys
 import threading
 import time
@@ -267,19 +268,16 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
     """Execute each job not in the ledger (same parameters), recording each as it finishes."""
     from .notebooks import execute
 
-    import signal
-    import threading
-
     def stop(signum, frame):  # a batch system's SIGTERM unwinds like Ctrl-C: the run's seconds so far are kept
         raise SystemExit(128 + signum)
 
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, stop) if main else None
     pending = [j for j in todo if not ledger.done(j)]
     for j in todo:
         if j not in pending:
             print(f"{j.key}: done before ({ledger.entries[j.key]['seconds']:.0f} s), skipped", file=sys.stderr)
     bar = Progress(pending, prof.seconds, stream=sys.stderr if progress else open(os.devnull, "w"))
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
     try:
         for j in pending:
             bar.start(j)
