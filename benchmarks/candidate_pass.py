@@ -28,6 +28,18 @@ def timed(fns: dict, repeats: int) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def split_attention(q, k, v, prompt: int, mask):
+    """Attention of `q` over `k`/`v` as two calls merged by their log-sum-exp: the first `prompt` keys unmasked,
+    the rest under `mask`'s columns for them (additive, the query's dtype)."""
+    import torch
+
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    o1, l1 = flash(q, k[:, :, :prompt], v[:, :, :prompt], 0.0, False)
+    o2, l2 = flash(q, k[:, :, prompt:], v[:, :, prompt:], 0.0, False, attn_mask=mask[..., prompt:])
+    lse = torch.logaddexp(l1, l2)
+    return (o1.float() * (l1 - lse).exp()[..., None] + o2.float() * (l2 - lse).exp()[..., None]).to(q.dtype)
+
+
 def split(args) -> None:
     import torch
     import torch.nn.functional as F
@@ -42,16 +54,12 @@ def split(args) -> None:
     tree = (grp[:, None] == grp[None]) & torch.ones(width, width, dtype=torch.bool).tril()
     see = torch.cat([torch.ones(width, prompt, dtype=torch.bool), tree], -1)[None, None]
     see = torch.zeros(see.shape, dtype=q.dtype).masked_fill_(~see, torch.finfo(q.dtype).min)  # additive, as the runner
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
     def one_mask():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=see)
 
     def two_parts():
-        o1, l1 = flash(q, k[:, :, :prompt], v[:, :, :prompt], 0.0, False)
-        o2, l2 = flash(q, k[:, :, prompt:], v[:, :, prompt:], 0.0, False, attn_mask=see[..., prompt:])
-        lse = torch.logaddexp(l1, l2)
-        return (o1.float() * (l1 - lse).exp()[..., None] + o2.float() * (l2 - lse).exp()[..., None]).bfloat16()
+        return split_attention(q, k, v, prompt, see)
 
     with torch.inference_mode():
         diff = (one_mask().float() - two_parts().float()).abs().max().item()
