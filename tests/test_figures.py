@@ -13,10 +13,10 @@ from matplotlib.text import Text  # noqa: E402
 from litm.plots import OKABE_ITO, README_WIDTH_IN, position_curve  # noqa: E402
 
 
-def _table(oracle_shift: float):
+def _table(oracle_shift: float, closed_shift: float = 0.0):
     """Five questions at gold positions 0, 4, 9, closed-book and oracle; margins written out by hand."""
     margins = {0: [-1.0, -2.5, 0.5, -1.5, -2.0], 4: [-3.0, -4.5, -2.0, -4.0, -3.5], 9: [-2.0, -3.0, -1.0, -2.5, -1.5],
-               "closedbook": [-2.0, -1.0, -3.0, -2.5, -1.5],
+               "closedbook": [closed_shift + d for d in (-2.0, -1.0, -3.0, -2.5, -1.5)],
                "oracle": [oracle_shift + d for d in (-1.0, 0.0, 1.0, 0.5, -0.5)]}
     rows = []
     for key, ms in margins.items():
@@ -58,6 +58,19 @@ def test_a_far_oracle_is_a_labelled_mark_and_the_data_set_the_margin_axis():
     for ax in fig.axes:
         assert "Position of the gold key-value pair" in ax.get_xlabel()
         assert "n = 5 questions at each position" in ax.get_xlabel()
+
+
+def test_a_far_baselines_mark_sits_clear_of_the_curve():
+    df, margins = _table(oracle_shift=80.0, closed_shift=-80.0)  # one mark at the top, one at the bottom
+    fig = position_curve(df)
+    margin = fig.axes[1]
+    fig.canvas.draw()
+    band = [c for c in margin.collections if c.get_paths()]  # the interval band around the curve
+    top_of_data = max(c.get_window_extent().y1 for c in band)
+    bottom_of_data = min(c.get_window_extent().y0 for c in band)
+    marks = {t.get_text()[0]: t.get_window_extent() for t in margin.texts}
+    assert set(marks) == {"o", "c"}
+    assert marks["o"].y0 >= top_of_data and marks["c"].y1 <= bottom_of_data
 
 
 def test_a_near_oracle_stays_a_line_and_widens_the_axis_to_hold_it():

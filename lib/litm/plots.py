@@ -40,6 +40,9 @@ def styled(fn):
     return wrapper
 
 
+MARK_HEIGHT = 0.08  # the share of a panel's height one far baseline's mark takes (`reference_line`)
+
+
 def reference_line(ax, value: float, label: str, limits: tuple[float, float], color="grey", linestyle="--",
                    slot: int = 0) -> bool:
     """A baseline at `value`: a line where it lies within reach of the data (`limits`, widened by half their
@@ -50,8 +53,8 @@ def reference_line(ax, value: float, label: str, limits: tuple[float, float], co
         ax.axhline(value, color=color, linestyle=linestyle, linewidth=1.2, label=label)
         return True
     top = value > hi
-    ax.annotate(f"{label}: {value:+.3g} {'↑' if top else '↓'}", xy=(0.99, 0.98 - 0.08 * slot if top else
-                0.02 + 0.08 * slot), xycoords="axes fraction", ha="right", va="top" if top else "bottom",
+    ax.annotate(f"{label}: {value:+.3g} {'↑' if top else '↓'}", xy=(0.99, 0.98 - MARK_HEIGHT * slot if top else
+                0.02 + MARK_HEIGHT * slot), xycoords="axes fraction", ha="right", va="top" if top else "bottom",
                 color=color, fontsize=9, bbox=dict(boxstyle="round,pad=0.2", fc="white", ec=color, lw=0.8))
     return False
 
@@ -186,7 +189,7 @@ def position_curve(df, label_by: str | None = None, ax=None, title: str | None =
             limits = data_limits(*spans)
             if m.name == "margin":
                 baselines.append((0.0, "tie with the best other", "grey", "-."))
-        slots = 0
+        slots, edge = 0, {True: 0.0, False: 0.0}  # the axes' share the marks take at the top and the bottom
         for value, label, color, style in baselines:
             if reference_line(a, value, label, limits, color, style, slot=slots):
                 pad = 0.04 * (limits[1] - limits[0])  # a line just outside the data: widen the axis to show it
@@ -194,7 +197,10 @@ def position_curve(df, label_by: str | None = None, ax=None, title: str | None =
                           max(limits[1], value + pad) if value > limits[1] else limits[1])
             else:
                 slots += 1
-        a.set_ylim(*limits)
+                edge[value > limits[1]] = MARK_HEIGHT * slots + 0.02
+        # room for the marks: the data fill the rest of the panel, so no mark sits on the curve
+        total = (limits[1] - limits[0]) / (1 - edge[True] - edge[False])
+        a.set_ylim(limits[0] - edge[False] * total, limits[1] + edge[True] * total)
         a.set_xlabel(f"Position of the gold {unit} (1 = first)\nn = {counts(ns)} questions at each position")
         a.set_ylabel(_axis_label(m, scoring))
         if xs:
