@@ -207,6 +207,10 @@ def test_the_eta_is_a_range_from_the_fewest_questions_to_the_cap(monkeypatch):
     assert "ETA 5 min 00 s to 25 min 00 s; whole run 5 min 00 s in, ETA 6 min 00 s to 27 min 00 s" in bar.line()
     now[0] = 900.0  # past the fewest questions' guess: only the cap's bound is left
     assert "ETA up to 15 min 00 s; whole run 15 min 00 s in, ETA 1 min 00 s to 17 min 00 s" in bar.line()
+    bar.finish(a, 1200.0)  # inside its range: the pilot asked for more questions, the machine is as fast as guessed
+    assert bar.ratio() == 1.0
+    bar.finish(b, 240.0)  # twice its cap's guess: the machine is slower
+    assert bar.ratio() == pytest.approx((1200 + 240) / (1200 + 120))
 
 
 def test_progress_redraws_a_terminal_line_and_appends_to_a_log_file():

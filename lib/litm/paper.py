@@ -211,7 +211,8 @@ class Progress:
     A run's expected seconds come from the profile's measured times: one number, or (fewest, most) where the
     run's size is its pilot's plan, between the fewest questions the profile allows and its cap, so the ETA is a
     range (unknown runs count as the mean of the known, or 10 minutes). As runs finish, every estimate is scaled by
-    how long the finished runs took against the fewest's guess, so the ETA learns this machine's speed."""
+    how long the finished runs took against their range (below it: against its low end; above: its high end; inside:
+    as expected), so the ETA learns this machine's speed."""
 
     def __init__(self, todo: list[Job], expected: dict, stream=sys.stderr, every: float | None = None):
         spans = {k: (v, v) if isinstance(v, (int, float)) else tuple(v) for k, v in expected.items()}
@@ -255,7 +256,8 @@ class Progress:
 
     def finish(self, job: Job, seconds: float):
         self.spent += seconds
-        self.planned += self.expected[job.key][0]
+        low, high = self.expected[job.key]  # a run inside its range says nothing of the machine's speed
+        self.planned += min(max(seconds, low), high)
         self.current = None
         print(("\r" if self.tty else "") + f"{job.key}: done in {_clock(seconds)}" + " " * (40 if self.tty else 0),
               file=self.stream, flush=True)
