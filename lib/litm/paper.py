@@ -412,16 +412,15 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
             cells = [f"{100 * p['positions'][k]:.1f}%" for k in positions]
             lines.append("| " + " | ".join([f"{p['model']}, published ({p['source']})", "accuracy (generation, NQ)",
                                             *cells, f"{100 * p['closedbook']:.1f}%", f"{100 * p['oracle']:.1f}%",
-                                            f"{100 * (edges - middle):+.1f} points (no interval published)",
+                                            f"{100 * (edges - middle):+.1f} points",
                                             str(p["n"]), ""]) + " |")
         text.append("\n".join(lines))
     if not text:
         raise ConfigError(f"no sweep of {', '.join(models)} at the profile's shapes in the results; run "
                       "`make paper` (or `python -m litm paper`) first.")
-    text.append(f"Hardware: {'; '.join(hosts) or 'not recorded'}. Intervals are 95%: Wilson for accuracy, t over "
-                "questions for the margin and every middle penalty (edges minus middle, paired; p from the t-test). "
-                "The primary measure's penalty is read against the smallest effect of interest the study was planned "
-                "for: it excludes 0, or an equivalence test (TOST) puts it within that bound, or neither.")
+    text.append(f"Hardware: {'; '.join(hosts) or 'not recorded'}. 95% intervals: Wilson for accuracy, t over questions "
+                "for margins and middle penalties (edges minus middle, paired; t-test p). The primary penalty is read "
+                "against the study's smallest effect of interest: excludes 0, within it (TOST), or neither.")
     return "\n\n".join(text) + "\n", used, to_table(used)
 
 
