@@ -3,6 +3,7 @@ table and figures from stored records."""
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,14 +133,15 @@ def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tm
     now = [0.0]
     monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
 
-    def stopped(*args, **kwargs):
+    def stopped(source, out, *args, name, **kwargs):
         now[0] += 700.0
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text('{"half": "written"}')
         raise KeyboardInterrupt
 
-    def finishes(*args, **kwargs):
+    def finishes(source, out, *args, name, **kwargs):
         now[0] += 500.0
-        job.executed.parent.mkdir(parents=True, exist_ok=True)
-        job.executed.write_text("{}")
+        (Path(out) / name).write_text("{}")
 
     ledger = paper.Ledger(tmp_path / "runs.json")
     monkeypatch.setattr(litm.notebooks, "execute", stopped)
@@ -148,6 +150,8 @@ def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tm
     entry = json.loads((tmp_path / "runs.json").read_text())[job.key]
     assert entry["partial_seconds"] == 700.0 and entry["attempts"] == 1 and "seconds" not in entry
     assert not paper.Ledger(tmp_path / "runs.json").done(job)
+    # the half-written copy is kept aside under a name git ignores, never under the run's own
+    assert not job.executed.exists() and job.executed.with_suffix(".stopped.ipynb").read_text() == '{"half": "written"}'
     monkeypatch.setattr(litm.notebooks, "execute", finishes)
     paper.run_jobs(prof, [job], paper.Ledger(tmp_path / "runs.json"), progress=False)
     entry = json.loads((tmp_path / "runs.json").read_text())[job.key]

@@ -284,12 +284,17 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
         for j in pending:
             bar.start(j)
             t0 = time.perf_counter()
+            # papermill writes the copy as it goes: it takes the run's name only once the run has finished
+            running = j.executed.with_suffix(".running.ipynb")
             try:
                 execute(j.source, j.executed.parent, j.parameters, timeout=None, rebase_links=True,
-                        name=j.executed.name)
+                        name=running.name)
             except BaseException:  # stopped or failed: its records stay, and so do its seconds, for the rerun
+                if running.is_file():  # what it printed up to there, traceback included (git ignores it)
+                    running.replace(j.executed.with_suffix(".stopped.ipynb"))
                 ledger.record(j, time.perf_counter() - t0, finished=False)
                 raise
+            running.replace(j.executed)
             ledger.record(j, time.perf_counter() - t0)
             bar.finish(j, ledger.entries[j.key]["seconds"])
     finally:
