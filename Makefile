@@ -58,5 +58,7 @@ test: setup
 gpu-check:
 	@PYTHONPATH=lib $(PYTHON) benchmarks/gpu_check.py --run-tests --json gpu-check.json --markdown gpu-check.md
 
+# Every result but the paper profile's (results/paper/ is committed: `make paper` continues from it).
 clean-results:
-	rm -rf results build
+	find results -mindepth 1 -maxdepth 1 ! -name paper -exec rm -rf {} + 2>/dev/null || true
+	rm -rf build

@@ -54,6 +54,8 @@ def _documents() -> list[tuple[Path, str]]:
             *sorted((ROOT / "docs").glob("*.md"))]
     out = [(p, p.read_text()) for p in docs]
     for nb in sorted((ROOT / "notebooks").glob("**/*.ipynb")):
+        if nb.name.endswith((".running.ipynb", ".stopped.ipynb")):  # make paper's unfinished copies (links not rebased)
+            continue
         cells = json.loads(nb.read_text())["cells"]
         out.append((nb, "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")))
     return out

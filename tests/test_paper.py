@@ -410,3 +410,19 @@ def test_the_gpu_profile_parses_and_starts_on_a_tiny_model_with_the_papers_file_
     text = paper.summarize(prof, tmp_path / "results", tmp_path / "reports" / "paper-gpu",
                            tmp_path / "figures" / "paper-gpu", models=[model])
     assert "(generate scoring)" in text and "| gold at 20 | closed-book |" in text and "GPT-3.5-Turbo" in text
+
+
+def test_git_keeps_the_paper_records_and_ledger_but_not_half_runs_or_locks():
+    """A run split across machines continues from a clone only if its records and ledger are committed."""
+    import subprocess
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    kept = ["results/paper/0123abcd/records.jsonl", "results/paper/0123abcd/manifest.json", "reports/paper/runs.json",
+            "reports/paper/table.md", "notebooks/paper/m/02-qa-20.ipynb"]
+    ignored = ["results/course/0123abcd/records.jsonl", "results/paper/0123abcd/.lock", "reports/paper/runs.lock",
+               "reports/paper/runs.tmp", "notebooks/paper/m/02-qa-20.running.ipynb",
+               "notebooks/paper/m/02-qa-20.stopped.ipynb"]
+    out = subprocess.run(["git", "check-ignore", "--no-index", *kept, *ignored], cwd=ROOT, capture_output=True,
+                         text=True).stdout.split()
+    assert sorted(out) == sorted(ignored)
