@@ -144,6 +144,7 @@ def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tm
         (Path(out) / name).write_text("{}")
 
     ledger = paper.Ledger(tmp_path / "runs.json")
+    monkeypatch.setattr(paper, "hardware", lambda: "Xeon, 2 cores")
     monkeypatch.setattr(litm.notebooks, "execute", stopped)
     with pytest.raises(KeyboardInterrupt):
         paper.run_jobs(prof, [job], ledger, progress=False)
@@ -153,9 +154,11 @@ def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tm
     # the half-written copy is kept aside under a name git ignores, never under the run's own
     assert not job.executed.exists() and job.executed.with_suffix(".stopped.ipynb").read_text() == '{"half": "written"}'
     monkeypatch.setattr(litm.notebooks, "execute", finishes)
+    monkeypatch.setattr(paper, "hardware", lambda: "EPYC, 2 cores")  # resumed on another machine
     paper.run_jobs(prof, [job], paper.Ledger(tmp_path / "runs.json"), progress=False)
     entry = json.loads((tmp_path / "runs.json").read_text())[job.key]
     assert entry["seconds"] == 1200.0 and entry["attempts"] == 2 and "partial_seconds" not in entry
+    assert entry["hardware"] == "Xeon, 2 cores; EPYC, 2 cores"
     assert paper.Ledger(tmp_path / "runs.json").done(job)
     changed = replace(job, parameters={**job.parameters, "MOST": 5})  # other parameters start the count again
     paper.Ledger(tmp_path / "runs.json").record(changed, 30.0, finished=False)
@@ -261,7 +264,8 @@ def test_the_table_reads_the_studys_sweep_and_its_numbers_match_the_records(tmp_
     truth = _write_sweep(results, "smollm2-135m", 20, positions, 40, 0)
     _write_sweep(results, "smollm2-135m", 20, positions, 8, 1)  # a pilot-sized sweep of the same shape: not used
     ledger = paper.Ledger(tmp_path / "runs.json")
-    ledger.entries = {"smollm2-135m/02-qa-20": {"seconds": 754.0, "hardware": "a test CPU, 2 cores"}}
+    ledger.entries = {"smollm2-135m/02-qa-20": {"seconds": 754.0, "hardware": "a test CPU, 2 cores"},
+                      "smollm2-135m/01-kv-75": {"partial_seconds": 9.0, "hardware": "another CPU; a test CPU, 2 cores"}}
     text, used, long = paper.table(results, profiles.profile("paper"), ledger, models=["smollm2-135m"])
     assert len(used) == 1 and used[0].n_questions == 40
     rows = [line for line in text.splitlines() if line.startswith("| smollm2-135m")]
@@ -279,7 +283,7 @@ def test_the_table_reads_the_studys_sweep_and_its_numbers_match_the_records(tmp_
     assert margin[-2] == "40" and margin[-1].strip(" |") == "12 min 34 s"
     assert f"{truth[('oracle', None)].mean():+.2f}" == margin[8]
     assert "GPT-3.5-Turbo (0613), published" in text and "75.8%" in text and "+15.7 points" in text
-    assert "a test CPU, 2 cores" in text
+    assert "Hardware: a test CPU, 2 cores; another CPU. " in text  # each machine once, also a resumed run's
     assert set(long["position"].dropna()) == {1, 5, 10, 15, 20}
 
 

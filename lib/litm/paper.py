@@ -154,7 +154,8 @@ class Ledger:
     """`runs.json`: each finished run with its parameters' digest, seconds, hardware and time. Each record rereads
     the file under a lock and writes it whole through a temporary file, so the jobs of an array share one ledger
     and a killed job loses at most the run it was in. A run stopped part way (Ctrl-C, a batch system's SIGTERM)
-    leaves its seconds so far; its finished entry's `seconds` add up every attempt (`attempts` counts them)."""
+    leaves its seconds so far; its finished entry's `seconds` add up every attempt (`attempts` counts them), and
+    `hardware` names each machine an attempt ran on."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -178,13 +179,15 @@ class Ledger:
             if before.get("digest") != job.digest or "seconds" in before:  # another run's, or a finished one
                 before = {}
             spent, attempts = before.get("partial_seconds", 0.0) + seconds, before.get("attempts", 0) + 1
+            hosts = [h for h in before.get("hardware", "").split("; ") if h]  # a run resumed elsewhere names both
+            hosts += [hardware()] if hardware() not in hosts else []
             if finished:
                 entry = {"seconds": round(spent, 1), "attempts": attempts,
                          "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
             else:
                 entry = {"partial_seconds": round(spent, 1), "attempts": attempts,
                          "stopped": time.strftime("%Y-%m-%d %H:%M:%S")}
-            self.entries[job.key] = {"digest": job.digest, **entry, "hardware": hardware(),
+            self.entries[job.key] = {"digest": job.digest, **entry, "hardware": "; ".join(hosts),
                                      "notebook": str(job.executed),
                                      "parameters": {k: repr(v) for k, v in job.parameters.items()}}
             tmp = self.path.with_suffix(".tmp")
@@ -386,7 +389,7 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
     reports = analyse(df)
     models = list(models or prof.models)
     text, used = [], []
-    hosts = sorted({e["hardware"] for e in ledger.entries.values()})
+    hosts = sorted({h for e in ledger.entries.values() for h in e["hardware"].split("; ")})
     for task, size, label in prof.tables:
         found = [(m, _pick(reports, m, task, size)) for m in models]
         found = [(m, r) for m, r in found if r is not None]
