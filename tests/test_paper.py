@@ -165,6 +165,43 @@ def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tm
     assert json.loads((tmp_path / "runs.json").read_text())[job.key]["partial_seconds"] == 30.0
 
 
+def test_a_running_run_saves_its_seconds_so_a_killed_one_keeps_them(monkeypatch, tmp_path):
+    import threading
+
+    import litm.notebooks
+
+    prof = profiles.profile("paper")
+    job = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT, out=tmp_path)[0][0]
+    now = [0.0]
+    monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
+    seen = []
+
+    def saved(seconds):  # the ledger's entry once a save has caught up with `seconds` (5 s at most)
+        for _ in range(500):
+            f = tmp_path / "runs.json"
+            entry = json.loads(f.read_text())[job.key] if f.is_file() else {}
+            if entry.get("partial_seconds") == seconds:
+                return entry
+            threading.Event().wait(0.01)
+        raise AssertionError(f"no save of {seconds} s: {entry}")
+
+    def runs(source, out, *args, name, **kwargs):
+        for seconds in (600.0, 1200.0):  # saves land while the run goes on
+            now[0] = seconds
+            seen.append(saved(seconds))
+        now[0] = 1500.0
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text("{}")
+
+    monkeypatch.setattr(litm.notebooks, "execute", runs)
+    paper.run_jobs(prof, [job], paper.Ledger(tmp_path / "runs.json"), progress=False, save_every=0.01)
+    # what a SIGKILL after each save would have left: the seconds so far, one attempt, the time last seen running
+    assert [(e["partial_seconds"], e["attempts"], "running" in e, "seconds" in e) for e in seen] == [
+        (600.0, 1, True, False), (1200.0, 1, True, False)]
+    entry = json.loads((tmp_path / "runs.json").read_text())[job.key]
+    assert entry["seconds"] == 1500.0 and entry["attempts"] == 1 and "running" not in entry  # nothing counted twice
+
+
 def test_a_batch_systems_sigterm_stops_the_run_like_ctrl_c(monkeypatch, tmp_path):
     import os
     import signal

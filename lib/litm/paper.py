@@ -153,9 +153,10 @@ def jobs(prof: Profile, models=None, only=None, shard=None, overrides=None, root
 class Ledger:
     """`runs.json`: each finished run with its parameters' digest, seconds, hardware and time. Each record rereads
     the file under a lock and writes it whole through a temporary file, so the jobs of an array share one ledger
-    and a killed job loses at most the run it was in. A run stopped part way (Ctrl-C, a batch system's SIGTERM)
-    leaves its seconds so far; its finished entry's `seconds` add up every attempt (`attempts` counts them), and
-    `hardware` names each machine an attempt ran on."""
+    and no job's entry is lost. A run stopped part way (Ctrl-C, a batch system's SIGTERM) leaves its seconds so
+    far; its finished entry's `seconds` add up every attempt (`attempts` counts them), and `hardware` names each
+    machine an attempt ran on.  A running run saves its seconds every few minutes too (`run_jobs`), so one killed
+    outright (SIGKILL, a machine taken away) loses only the minutes since its last save."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -168,7 +169,11 @@ class Ledger:
         e = self.entries.get(job.key)
         return bool(e) and "seconds" in e and e.get("digest") == job.digest and job.executed.is_file()
 
-    def record(self, job: Job, seconds: float, finished: bool = True) -> None:
+    def record(self, job: Job, seconds: float, finished: bool = True, new_attempt: bool = True,
+               running: bool = False) -> None:
+        """Add `seconds` to the job's entry; `new_attempt` False: more of an attempt already counted; `running`:
+        a save while it runs (the entry's `running` is then the time it was last seen running, `stopped` the time
+        it stopped)."""
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,7 +183,7 @@ class Ledger:
             before = self.entries.get(job.key, {})
             if before.get("digest") != job.digest or "seconds" in before:  # another run's, or a finished one
                 before = {}
-            spent, attempts = before.get("partial_seconds", 0.0) + seconds, before.get("attempts", 0) + 1
+            spent, attempts = before.get("partial_seconds", 0.0) + seconds, before.get("attempts", 0) + new_attempt
             hosts = [h for h in before.get("hardware", "").split("; ") if h]  # a run resumed elsewhere names both
             hosts += [hardware()] if hardware() not in hosts else []
             if finished:
@@ -186,7 +191,7 @@ class Ledger:
                          "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
             else:
                 entry = {"partial_seconds": round(spent, 1), "attempts": attempts,
-                         "stopped": time.strftime("%Y-%m-%d %H:%M:%S")}
+                         "running" if running else "stopped": time.strftime("%Y-%m-%d %H:%M:%S")}
             self.entries[job.key] = {"digest": job.digest, **entry, "hardware": "; ".join(hosts),
                                      "notebook": str(job.executed),
                                      "parameters": {k: repr(v) for k, v in job.parameters.items()}}
@@ -269,8 +274,36 @@ class Progress:
         self._stop.set()
 
 
-def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = True) -> dict:
-    """Execute each job not in the ledger (same parameters), recording each as it finishes."""
+class _Clock:
+    """A running job's seconds, saved to the ledger every `every` seconds and when it ends (each save adds the
+    seconds since the last; the first counts the attempt)."""
+
+    def __init__(self, ledger: Ledger, job: Job, every: float):
+        self.ledger, self.job, self.t0, self.saved = ledger, job, time.perf_counter(), 0.0
+        self.counted = self.ended = False
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._thread = threading.Thread(target=self._tick, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _tick(self, every):
+        while not self._stop.wait(every):
+            self.save(finished=False, last=False)
+
+    def save(self, finished: bool, last: bool = True) -> None:
+        with self._lock:
+            if self.ended:
+                return
+            spent = time.perf_counter() - self.t0
+            self.ledger.record(self.job, spent - self.saved, finished=finished, new_attempt=not self.counted,
+                               running=not last)
+            self.saved, self.counted, self.ended = spent, True, last
+        if last:
+            self._stop.set()
+
+
+def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = True, save_every: float = 300.0) -> dict:
+    """Execute each job not in the ledger (same parameters), recording each as it finishes (and its seconds so
+    far every `save_every` seconds while it runs)."""
     from .notebooks import execute
 
     def stop(signum, frame):  # a batch system's SIGTERM unwinds like Ctrl-C: the run's seconds so far are kept
@@ -286,7 +319,7 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
     try:
         for j in pending:
             bar.start(j)
-            t0 = time.perf_counter()
+            clock = _Clock(ledger, j, save_every)
             # papermill writes the copy as it goes: it takes the run's name only once the run has finished
             running = j.executed.with_suffix(".running.ipynb")
             try:
@@ -295,10 +328,10 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
             except BaseException:  # stopped or failed: its records stay, and so do its seconds, for the rerun
                 if running.is_file():  # what it printed up to there, traceback included (git ignores it)
                     running.replace(j.executed.with_suffix(".stopped.ipynb"))
-                ledger.record(j, time.perf_counter() - t0, finished=False)
+                clock.save(finished=False)
                 raise
             running.replace(j.executed)
-            ledger.record(j, time.perf_counter() - t0)
+            clock.save(finished=True)
             bar.finish(j, ledger.entries[j.key]["seconds"])
     finally:
         bar.close()
