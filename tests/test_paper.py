@@ -274,8 +274,9 @@ def test_progress_redraws_a_terminal_line_and_appends_to_a_log_file():
     assert term.getvalue().startswith("\r") and term.getvalue().rstrip().endswith("done in 1 min 01 s")
 
 
-def _write_sweep(root, model, num_docs, positions, n, seed, task="qa"):
-    """A sweep with closed-book and oracle written directly: margins drawn per position, right when above 0."""
+def _write_sweep(root, model, num_docs, positions, n, seed, task="qa", latency=2.0):
+    """A sweep with closed-book and oracle written directly: margins drawn per position, right when above 0,
+    each scored in `latency` seconds."""
     rng = np.random.default_rng(seed)
     base = SweepConfig(task=task, model=model, num_docs=num_docs, positions=positions, limit=n)
     truth = {}
@@ -289,7 +290,7 @@ def _write_sweep(root, model, num_docs, positions, n, seed, task="qa"):
         for i, mg in enumerate(margins):
             store.append({"example_id": f"q{i}", "condition": cond, "position": pos, "status": "ok",
                           "correct": bool(mg > 0), "gold_loglik": -1.0, "gold_margin": float(mg), "gold_rank": 1,
-                          "prompt_tokens": 500, "scoring": "choice"})
+                          "prompt_tokens": 500, "scoring": "choice", "latency_s": latency})
         store.close()
         truth[(cond, pos)] = margins
     return truth
@@ -322,6 +323,12 @@ def test_the_table_reads_the_studys_sweep_and_its_numbers_match_the_records(tmp_
     assert "GPT-3.5-Turbo (0613), published" in text and "75.8%" in text and "+15.7 points" in text
     assert "Hardware: a test CPU, 2 cores; another CPU. " in text  # each machine once, also a resumed run's
     assert set(long["position"].dropna()) == {1, 5, 10, 15, 20}
+    # a ledger short of the records' own scoring seconds (7 conditions x 40 questions x 2 s): an attempt was killed
+    # before it could save, and the wall time says what the records prove
+    ledger.entries["smollm2-135m/02-qa-20"]["seconds"] = 300.0
+    text, _, _ = paper.table(results, profiles.profile("paper"), ledger, models=["smollm2-135m"])
+    assert {line.split(" | ")[-1].strip(" |") for line in text.splitlines() if line.startswith("| smollm2")} == {
+        "≥ 9 min 20 s"}
 
 
 def test_a_null_penalty_is_read_against_the_smallest_effect_by_two_one_sided_tests():

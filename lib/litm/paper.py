@@ -413,7 +413,7 @@ def _rows(report, wall: str, primary: str | None = None, smallest: float | None 
 def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, list, "pd.DataFrame"]:
     """The README table: for each (task, size) of the profile, each model's accuracy and margin at every gold
     position with 95% intervals (Wilson; t), closed-book and oracle, the middle penalty (t interval over questions,
-    t-test p), n and the wall time of the run that made it; the paper's published numbers beside QA at 20
+    t-test p), n and the wall time of the run that made it (at least the records' scoring seconds); the paper's published numbers beside QA at 20
     documents. `results`: a results folder, or the records `report.load_results` read from one. Returns the
     markdown, the sweeps used and their per-position long table (`report.to_table`)."""
     from .report import analyse, load_results, to_table
@@ -439,7 +439,11 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
         planned = {**shipped_defaults(run.notebook), **prof.settings.get(run.notebook, {}), **run.parameters}
         for m, r in found:
             entry = ledger.entries.get(f"{m}/{label}")
-            wall = _clock(entry["seconds"]) if entry and "seconds" in entry else "n/a"
+            # the records' own scoring seconds bound the wall time from below: above the ledger's, an attempt was
+            # killed before it could save its seconds, and the bound is what can be stated
+            scoring = df.loc[df["config_hash"].isin(r.runs), "latency_s"].sum() if "latency_s" in df else 0.0
+            wall = "n/a" if not entry or "seconds" not in entry else (
+                _clock(entry["seconds"]) if entry["seconds"] >= scoring else f"≥ {_clock(scoring)}")
             dtype = r.config.get("dtype")
             for row in _rows(r, wall, planned.get("PRIMARY"), planned.get("SMALLEST")):
                 row[0] = f"{row[0]} ({dtype})" if dtype else row[0]
@@ -461,7 +465,8 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
                       "`make paper` (or `python -m litm paper`) first.")
     text.append(f"Hardware: {'; '.join(hosts) or 'not recorded'}. 95% intervals: Wilson for accuracy, t over questions "
                 "for margins and middle penalties (edges minus middle, paired; t-test p). The primary penalty is read "
-                "against the study's smallest effect of interest: excludes 0, within it (TOST), or neither.")
+                "against the study's smallest effect of interest: excludes 0, within it (TOST), or neither. Wall "
+                "time: every attempt's (≥: the records' own scoring seconds, where a killed attempt lost its time).")
     return "\n\n".join(text) + "\n", used, to_table(used)
 
 
