@@ -109,6 +109,26 @@ def test_a_model_path_becomes_a_folder_name():
     assert paper.slug("/tmp/x/tiny-llama") == "tiny-llama" and paper.slug("gemma3-270m") == "gemma3-270m"
 
 
+def test_the_paper_profile_pins_bfloat16_and_a_cpu_that_would_emulate_it_stops_before_anything_runs(monkeypatch):
+    import torch
+
+    import litm.models
+
+    prof = profiles.profile("paper")
+    assert {prof.settings[nb].get("DTYPE") for nb in NUMBERS} == {"bfloat16"}  # every notebook, whatever the CPU
+    todo, _ = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(litm.models, "cpu_bfloat16_units", lambda: None)
+    with pytest.raises(ConfigError, match="no bfloat16 units.*-p DTYPE float32"):
+        paper.check_dtype(prof, todo)
+    own, _ = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT, overrides={"DTYPE": "float32"})
+    paper.check_dtype(prof, own)  # float32 asked for: runs
+    paper.check_dtype(profiles.profile("course"), paper.jobs(profiles.profile("course"), ["smollm2-135m"],
+                                                             only=["02"], root=ROOT)[0])  # nothing pinned
+    monkeypatch.setattr(litm.models, "cpu_bfloat16_units", lambda: "AVX512-BF16")
+    paper.check_dtype(prof, todo)  # a CPU with bfloat16 units: runs
+
+
 def test_the_ledger_skips_what_is_done_and_jobs_share_it(tmp_path):
     prof = profiles.profile("paper")
     todo, _ = paper.jobs(prof, root=ROOT)
@@ -393,7 +413,7 @@ def test_the_cli_lists_the_runs_without_running_them(capsys):
 
 # CI sizes for every run of the paper profile: the paper's shapes (20 and 30 documents of 100 words, 75 and 140
 # pairs), a few questions each
-TINY_SIZES = {"MOST": 3, "LEAST": 3, "PILOT": 3, "LIMIT": 2, "CAL_EXAMPLES": 1, "SINK_LENGTHS": (1000, 2000),
+TINY_SIZES = {"DTYPE": "float32", "MOST": 3, "LEAST": 3, "PILOT": 3, "LIMIT": 2, "CAL_EXAMPLES": 1, "SINK_LENGTHS": (1000, 2000),
               "SHARED": 2, "TIME_FIRST": 1, "LENGTHS": (1000, 2000), "GRID_LIMIT": 3, "06.DEPTHS": 4, "ORDERS": 1,
               "BIAS_EXAMPLES": 1, "CHANNEL_EXAMPLES": 2, "SORT_ROUNDS": 1,
               "LEVERS": ("baseline", "attention_sort", "calibration", "rescaling", "channel_scaling", "parallel")}

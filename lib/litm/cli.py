@@ -345,6 +345,7 @@ def _paper(args):
                 print(f"{j.key}: {'done' if ledger.done(j) else 'to do'} -> {j.executed}")
             return 0
         if not args.summary:
+            paper.check_dtype(prof, todo)
             paper.run_jobs(prof, todo, ledger)
         if args.shard is None:
             print(paper.summarize(prof, results, reports, figures, args.models, args.readme))

@@ -150,6 +150,28 @@ def jobs(prof: Profile, models=None, only=None, shard=None, overrides=None, root
     return todo, skipped
 
 
+def check_dtype(prof: Profile, todo: list[Job]) -> None:
+    """Stop before anything runs where a run the profile pins to bfloat16 would run on a CPU without bfloat16
+    units: torch would emulate them, 30-200x slower than float32 (docs/cpu.md), and a float32 run instead would
+    start new records beside the committed bfloat16 ones rather than continue them."""
+    pinned = [j.key for j in todo if str(j.parameters.get("DTYPE", prof.settings.get(j.run.notebook, {}).get("DTYPE")))
+              .removeprefix("torch.") == "bfloat16"]
+    if not pinned:
+        return
+    import torch
+
+    from .models import cpu_bfloat16_units
+
+    if torch.cuda.is_available() or cpu_bfloat16_units():
+        return
+    raise ConfigError(f"the {prof.name} profile runs in bfloat16 ({', '.join(pinned[:3])}"
+                      f"{' ...' if len(pinned) > 3 else ''}), and this CPU has no bfloat16 units (torch: "
+                      f"{torch.backends.cpu.get_cpu_capability()}), so torch would emulate them, 30-200x slower than "
+                      "float32. Run it on a CPU with AMX or AVX512-BF16 (`lscpu` lists amx_bf16 or avx512_bf16) or on "
+                      "a GPU; or add `-p DTYPE float32` for float32 runs of your own, which start new records beside "
+                      "the committed bfloat16 ones instead of continuing them.")
+
+
 class Ledger:
     """`runs.json`: each finished run with its parameters' digest, seconds, hardware and time. Each record rereads
     the file under a lock and writes it whole through a temporary file, so the jobs of an array share one ledger

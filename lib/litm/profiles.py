@@ -21,7 +21,10 @@ QA20 = {"NUM_DOCS": 20, "POSITIONS": (0, 4, 9, 14, 19), "SENTENCES": PAPER_SENTE
 QA30 = {"NUM_DOCS": 30, "POSITIONS": (0, 4, 9, 14, 19, 24, 29), "SENTENCES": PAPER_SENTENCES}
 KV75 = {"NUM_PAIRS": 75, "POSITIONS": (0, 24, 49, 74)}
 KV140 = {"NUM_PAIRS": 140, "POSITIONS": (0, 34, 69, 104, 139)}
-PAPER_RESULTS = {"RESULTS_DIR": "../results/paper"}
+# bfloat16 wherever the paper profile runs: its records are committed and a run resumes on whatever machine comes
+# next, so the dtype is not left to each CPU (`paper.check_dtype` stops one that would emulate bfloat16)
+PAPER_DTYPE = {"DTYPE": "bfloat16"}
+PAPER_RESULTS = {"RESULTS_DIR": "../results/paper", **PAPER_DTYPE}
 LIU = "../data/liu2023"
 
 
@@ -55,7 +58,8 @@ PAPER_SETTINGS = {
     "04": {**PAPER_RESULTS, "POOL": 40, "K": 20, "SENTENCES": PAPER_SENTENCES, "MOST": 300, "PILOT": 20},
     "05": {**QA20, **PAPER_RESULTS, "POSITIONS": (0, 9, 19), "BUDGETS": (1000,), "MOST": 300, "PILOT": 20},
     "06": {**QA20, **PAPER_RESULTS, "LIMIT": 100, "LENGTHS": (1000, 2000, 4000, 8000), "GRID_LIMIT": 10},
-    "07": {"CASES": "generated", "RESULTS_DIR": "../results/paper/diagnose", "PILOT": 6, "MOST": 40, "ORDERS": 2},
+    "07": {**PAPER_DTYPE, "CASES": "generated", "RESULTS_DIR": "../results/paper/diagnose", "PILOT": 6, "MOST": 40,
+           "ORDERS": 2},
     "08": {**QA20, **PAPER_RESULTS, "POSITIONS": (0, 9, 19), "BUDGET": 1500, "BIAS_EXAMPLES": 5, "PILOT": 10,
            "MOST": 60},
 }
