@@ -142,6 +142,9 @@ def test_the_ledger_skips_what_is_done_and_jobs_share_it(tmp_path):
     assert paper.Ledger(tmp_path / "runs.json").done(a)
     changed = replace(a, parameters={**a.parameters, "MOST": 5})
     assert not paper.Ledger(tmp_path / "runs.json").done(changed)  # other parameters: run again
+    assert a.settings["MOST"] == profiles.profile("paper").settings[a.run.notebook]["MOST"]
+    edited = replace(a, settings={**a.settings, "MOST": a.settings["MOST"] + 100})
+    assert not paper.Ledger(tmp_path / "runs.json").done(edited)  # the profile's own values changed: run again too
 
 
 def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tmp_path):

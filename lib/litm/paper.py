@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError
@@ -70,13 +70,15 @@ def hardware() -> str:
 
 @dataclass(frozen=True)
 class Job:
-    """One run of one model: where its copy, figures and reports go, and its parameters."""
+    """One run of one model: where its copy, figures and reports go, its parameters, and the values the profile
+    sets in its notebook (the digest is of both, so a run whose values change runs again)."""
 
     model: str
     run: Run
     parameters: dict
     source: Path  # the notebook
     executed: Path  # its executed copy
+    settings: dict = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -84,7 +86,8 @@ class Job:
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.parameters, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        values = {**self.settings, **self.parameters}
+        return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _window(model: str) -> int | None:
@@ -142,7 +145,8 @@ def jobs(prof: Profile, models=None, only=None, shard=None, overrides=None, root
                     raise ConfigError(f"{run.label} reads {key} = {value} (from the notebooks folder), which is not "
                                       "there" + (": fetch the paper's data with `python -m litm fetch liu2023`."
                                                  if "liu2023" in value else "; give a file that exists."))
-            todo.append(Job(m, run, params, found[0], base / "notebooks" / folder.parent / f"{run.label}.ipynb"))
+            todo.append(Job(m, run, params, found[0], base / "notebooks" / folder.parent / f"{run.label}.ipynb",
+                            prof.settings.get(run.notebook, {})))
     unused = sorted(set(overrides or {}) - used)
     if unused and todo:
         raise ConfigError(f"no run declares {', '.join(unused)}: a parameter is NAME (every notebook that declares "
