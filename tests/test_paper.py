@@ -258,6 +258,31 @@ def test_the_eta_learns_the_machines_speed(monkeypatch):
     assert "ETA 8 min 20 s; whole run 2 min 20 s in, ETA 15 min 00 s" in bar.line()  # 600 - 100, then + 400
 
 
+@pytest.mark.parametrize("units, factor", [("AMX + AVX512-BF16", 1.0), ("AVX512-BF16", 3.0), (None, 6.9),
+                                           ("Arm BF16", 1.0)])
+def test_the_eta_starts_from_the_profiles_seconds_times_this_cpus_measured_slowdown(monkeypatch, tmp_path, units,
+                                                                                    factor):
+    import torch
+
+    import litm.models
+
+    class Expected(Exception):
+        pass
+
+    def bar(self, todo, expected, stream):  # the progress line's expected seconds, caught before anything runs
+        raise Expected(expected)
+
+    prof = profiles.profile("paper")
+    job = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT, out=tmp_path)[0][0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(litm.models, "cpu_bfloat16_units", lambda: units)
+    monkeypatch.setattr(paper.Progress, "__init__", bar)
+    with pytest.raises(Expected) as got:
+        paper.run_jobs(prof, [job], paper.Ledger(tmp_path / "runs.json"))
+    low, high = prof.seconds[job.key]
+    assert got.value.args[0][job.key] == pytest.approx((factor * low, factor * high))
+
+
 def test_the_eta_is_a_range_from_the_fewest_questions_to_the_cap(monkeypatch):
     prof = profiles.profile("paper")
     todo, _ = paper.jobs(prof, only=["02-qa-20"], root=ROOT)

@@ -327,6 +327,29 @@ class _Clock:
             self._stop.set()
 
 
+# How many times as long a question takes as on the 2-core Xeon with AMX that the profile's seconds come from:
+# AVX512-BF16 alone (a 2-core AMD EPYC) took 118 s a key-value question at 75 pairs against 38.4 (3.1x) and 2.7-3.1x
+# a course notebook's; float32 without bfloat16 units (AVX2) answered notebook 02's questions 6.9x slower
+# (docs/cpu.md). The ETA's first guess; it learns the rest as runs finish.
+SLOWER = {"AMX": 1.0, "AVX512-BF16": 3.0, "": 6.9}  # "": no bfloat16 units
+
+
+def machine_factor() -> tuple[float, str]:
+    """This machine's factor from `SLOWER`, and what it rests on (a GPU: 1, the CPU's seconds as they are)."""
+    import torch
+
+    from .models import cpu_bfloat16_units
+
+    if torch.cuda.is_available():
+        return 1.0, "a GPU (the CPU's seconds as they are)"
+    units = cpu_bfloat16_units() or ""
+    known = [name for name in SLOWER if name and name in units] or ([""] if not units else [])
+    if not known:
+        return 1.0, f"{units}: not measured, so the seconds measured on a 2-core Xeon with AMX as they are"
+    factor = SLOWER[known[0]]
+    return factor, f"{units or 'no bfloat16 units'}: {factor:g}x the seconds measured on a 2-core Xeon with AMX"
+
+
 def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = True, save_every: float = 300.0) -> dict:
     """Execute each job not in the ledger (same parameters), recording each as it finishes (and its seconds so
     far every `save_every` seconds while it runs)."""
@@ -339,7 +362,12 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
     for j in todo:
         if j not in pending:
             print(f"{j.key}: done before ({ledger.entries[j.key]['seconds']:.0f} s), skipped", file=sys.stderr)
-    bar = Progress(pending, prof.seconds, stream=sys.stderr if progress else open(os.devnull, "w"))
+    stream = sys.stderr if progress else open(os.devnull, "w")
+    factor, why = machine_factor() if pending and prof.seconds else (1.0, "")
+    if why:
+        print(f"ETA: {why}", file=stream)
+    bar = Progress(pending, {k: tuple(factor * x for x in (v if isinstance(v, tuple) else (v, v)))
+                             for k, v in prof.seconds.items()}, stream=stream)
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop) if main else None
     try:
