@@ -158,8 +158,7 @@ def check_dtype(prof: Profile, todo: list[Job]) -> None:
     """Stop before anything runs where a run the profile pins to bfloat16 would run on a CPU without bfloat16
     units: torch would emulate them, 30-200x slower than float32 (docs/cpu.md), and a float32 run instead would
     start new records beside the committed bfloat16 ones rather than continue them."""
-    pinned = [j.key for j in todo if str(j.parameters.get("DTYPE", prof.settings.get(j.run.notebook, {}).get("DTYPE")))
-              .removeprefix("torch.") == "bfloat16"]
+    pinned = [j.key for j in todo if j.parameters.get("DTYPE", j.settings.get("DTYPE")) == "bfloat16"]
     if not pinned:
         return
     import torch
