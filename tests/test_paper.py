@@ -189,6 +189,7 @@ def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tm
 
 
 def test_a_running_run_saves_its_seconds_so_a_killed_one_keeps_them(monkeypatch, tmp_path):
+    import os
     import threading
 
     import litm.notebooks
@@ -209,15 +210,18 @@ def test_a_running_run_saves_its_seconds_so_a_killed_one_keeps_them(monkeypatch,
         raise AssertionError(f"no save of {seconds} s: {entry}")
 
     def runs(source, out, *args, name, **kwargs):
+        os.chdir(source.parent)  # as papermill does while a notebook runs: the ledger's saves must not follow
         for seconds in (600.0, 1200.0):  # saves land while the run goes on
             now[0] = seconds
             seen.append(saved(seconds))
         now[0] = 1500.0
+        os.chdir(tmp_path)
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / name).write_text("{}")
 
     monkeypatch.setattr(litm.notebooks, "execute", runs)
-    paper.run_jobs(prof, [job], paper.Ledger(tmp_path / "runs.json"), progress=False, save_every=0.01)
+    monkeypatch.chdir(tmp_path)
+    paper.run_jobs(prof, [job], paper.Ledger(Path("runs.json")), progress=False, save_every=0.01)
     # what a SIGKILL after each save would have left: the seconds so far, one attempt, the time last seen running
     assert [(e["partial_seconds"], e["attempts"], "running" in e, "seconds" in e) for e in seen] == [
         (600.0, 1, True, False), (1200.0, 1, True, False)]

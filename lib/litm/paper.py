@@ -184,7 +184,7 @@ class Ledger:
     outright (SIGKILL, a machine taken away) loses only the minutes since its last save."""
 
     def __init__(self, path: Path):
-        self.path = Path(path)
+        self.path = Path(path).absolute()  # papermill runs a notebook from its folder: saves while it runs go here
         self.entries = self._read()
 
     def _read(self) -> dict:
