@@ -78,6 +78,11 @@ def test_the_runs_of_a_profile(tmp_path):
     keys = [j.key for j in todo]
     assert "smollm2-135m/01-kv-140" not in keys and "gemma3-270m/01-kv-140" in keys  # an 8k window cannot hold 140 pairs
     assert any("01-kv-140 on smollm2-135m" in s for s in skipped)
+    # the table's sweeps first, each on both models, then each model's other runs in the notebooks' order
+    assert keys[:7] == [f"{m}/{label}" for label in ("02-qa-20", "02-qa-30", "01-kv-75") for m in prof.models] + [
+        "gemma3-270m/01-kv-140"]
+    assert keys[7:] == [f"{m}/{r.label}" for m in prof.models for r in prof.runs if r.notebook > "02"
+                        and (r.per_model or m == prof.models[0])]
     assert [k for k in keys if k.endswith("07-diagnosis")] == ["smollm2-135m/07-diagnosis"]  # it compares the two itself
     job = next(j for j in todo if j.key == "gemma3-270m/02-qa-30")
     assert job.parameters["MODEL"] == "gemma3-270m" and job.parameters["NUM_DOCS"] == 30

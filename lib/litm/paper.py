@@ -98,7 +98,8 @@ def _window(model: str) -> int | None:
 
 def jobs(prof: Profile, models=None, only=None, shard=None, overrides=None, root=".", out=None
          ) -> tuple[list[Job], list[str]]:
-    """The runs to make, in order (each model's runs together), and what is skipped and why. The notebooks are
+    """The runs to make, in order (the table's sweeps first, each on every model, so that a long job fills the
+    table as it goes; then the other runs model by model), and what is skipped and why. The notebooks are
     read from `root`/notebooks; executed copies, figures and reports go under `out` (default `root`):
     notebooks/<profile>/<model>/<label>.ipynb, figures/<profile>/<model>/<label>/, reports/<profile>/<model>/<label>/."""
     import os
@@ -147,6 +148,9 @@ def jobs(prof: Profile, models=None, only=None, shard=None, overrides=None, root
                                                  if "liu2023" in value else "; give a file that exists."))
             todo.append(Job(m, run, params, found[0], base / "notebooks" / folder.parent / f"{run.label}.ipynb",
                             prof.settings.get(run.notebook, {})))
+    tabled = [label for _, _, label in prof.tables]
+    todo.sort(key=lambda j: (tabled.index(j.run.label), models.index(j.model)) if j.run.label in tabled
+              else (len(tabled), models.index(j.model)))  # stable: the other runs keep the profile's order
     unused = sorted(set(overrides or {}) - used)
     if unused and todo:
         raise ConfigError(f"no run declares {', '.join(unused)}: a parameter is NAME (every notebook that declares "
