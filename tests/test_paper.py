@@ -278,7 +278,7 @@ def test_the_eta_starts_from_the_profiles_seconds_times_this_cpus_measured_slowd
     class Expected(Exception):
         pass
 
-    def bar(self, todo, expected, stream):  # the progress line's expected seconds, caught before anything runs
+    def bar(self, todo, expected, stream, records):  # the progress line's expected seconds, caught before anything runs
         raise Expected(expected)
 
     prof = profiles.profile("paper")
@@ -312,6 +312,29 @@ def test_the_eta_is_a_range_from_the_fewest_questions_to_the_cap(monkeypatch):
     assert bar.ratio() == 1.0
     bar.finish(b, 240.0)  # twice its cap's guess: the machine is slower
     assert bar.ratio() == pytest.approx((1200 + 240) / (1200 + 120))
+
+
+def test_progress_counts_the_records_a_run_stores(monkeypatch, tmp_path):
+    import io
+
+    first = tmp_path / "results" / "a1" / "records.jsonl"
+    first.parent.mkdir(parents=True)
+    first.write_text('{"n": 1}\n' * 5)
+    stored = paper.Records([tmp_path / "results", first.parent, tmp_path / "not-made-yet"])
+    assert stored() == 5  # a folder under two roots counts once
+    todo, _ = paper.jobs(profiles.profile("paper"), root=ROOT)
+    now = [0.0]
+    monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
+    bar = paper.Progress(todo[:1], {}, stream=io.StringIO(), records=stored)
+    bar.start(todo[0])
+    assert "records stored" not in bar.line()  # none yet in this run
+    now[0] = 120.0
+    with open(first, "a") as fh:
+        fh.write('{"n": 2}\n' * 4)
+    (tmp_path / "results" / "b2").mkdir()
+    (tmp_path / "results" / "b2" / "records.jsonl").write_text('{"n": 3}\n' * 2)
+    assert bar.line().endswith("; 6 records stored in this run, 20 s each")
+    bar.close()
 
 
 def test_progress_redraws_a_terminal_line_and_appends_to_a_log_file():

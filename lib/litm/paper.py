@@ -242,6 +242,22 @@ def _span(low: float, high: float) -> str:
     return f"up to {_clock(high)}" if low <= 0 else f"{_clock(low)} to {_clock(high)}"
 
 
+class Records:
+    """How many records the results folders under `roots` hold now (each file recounted only when it has grown)."""
+
+    def __init__(self, roots):
+        self.roots, self._seen = [Path(r) for r in roots], {}
+
+    def __call__(self) -> int:
+        files = {f for r in self.roots if r.is_dir() for f in r.rglob("records.jsonl")}
+        for f in files:
+            size = f.stat().st_size
+            if self._seen.get(f, (None,))[0] != size:
+                with open(f, "rb") as fh:
+                    self._seen[f] = (size, sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b"")))
+        return sum(self._seen[f][1] for f in files)
+
+
 class Progress:
     """One line on stderr, redrawn every few seconds: the run in progress with its ETA, and the whole job's.
 
@@ -251,7 +267,8 @@ class Progress:
     how long the finished runs took against their range (below it: against its low end; above: its high end; inside:
     as expected), so the ETA learns this machine's speed."""
 
-    def __init__(self, todo: list[Job], expected: dict, stream=sys.stderr, every: float | None = None):
+    def __init__(self, todo: list[Job], expected: dict, stream=sys.stderr, every: float | None = None,
+                 records=None):
         spans = {k: (v, v) if isinstance(v, (int, float)) else tuple(v) for k, v in expected.items()}
         known = [spans[j.key] for j in todo if j.key in spans]
         default = tuple(sum(s[i] for s in known) / len(known) for i in (0, 1)) if known else (600.0, 600.0)
@@ -262,6 +279,7 @@ class Progress:
         self.spent = self.planned = 0.0  # seconds taken and expected by the finished runs
         self.current: Job | None = None
         self.started = self.job_start = time.perf_counter()
+        self.records, self.records_before = records, 0  # `records()`: records stored now (a `Records`)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._tick, daemon=True)
 
@@ -278,14 +296,17 @@ class Progress:
         left = [max(0.0, self.expected[self.current.key][k] * r - in_run)
                 + sum(self.expected[j.key][k] for j in self.todo[i + 1:]) * r for k in (0, 1)]
         run = [max(0.0, self.expected[self.current.key][k] * r - in_run) for k in (0, 1)]
+        made = self.records() - self.records_before if self.records else 0
         return (f"[{i + 1}/{len(self.todo)}] {self.current.key}: {_clock(in_run)} in, ETA {_span(*run)}; "
-                f"whole run {_clock(now - self.started)} in, ETA {_span(*left)}")
+                f"whole run {_clock(now - self.started)} in, ETA {_span(*left)}"
+                + (f"; {made} records stored in this run, {in_run / made:.0f} s each" if made > 0 else ""))
 
     def _tick(self):
         while not self._stop.wait(self.every):
             print(("\r" if self.tty else "") + self.line(), end="" if self.tty else "\n", file=self.stream, flush=True)
 
     def start(self, job: Job):
+        self.records_before = self.records() if self.records else 0
         self.current, self.job_start = job, time.perf_counter()
         if not self._thread.is_alive():
             self._thread.start()
@@ -369,8 +390,10 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
     factor, why = machine_factor() if pending and prof.seconds else (1.0, "")
     if why:
         print(f"ETA: {why}", file=stream)
+    roots = {(j.source.parent / folder).resolve() for j in pending
+             if (folder := j.parameters.get("RESULTS_DIR", j.settings.get("RESULTS_DIR")))}
     bar = Progress(pending, {k: tuple(factor * x for x in (v if isinstance(v, tuple) else (v, v)))
-                             for k, v in prof.seconds.items()}, stream=stream)
+                             for k, v in prof.seconds.items()}, stream=stream, records=Records(roots))
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop) if main else None
     try:
