@@ -3,8 +3,9 @@ prompts for gold at positions k < j share everything up to the k-th document, so
 shared prefix once.  Unshared is how a study scores condition by condition (batches of `--batch-size`
 prompts, `runner.choice`); the tree takes a batch of `--batch-size` questions under every condition at once
 (`runner.shared_choice`; `runner.score(..., shared_prefix=True)`. `Study.run` scores condition by condition,
-one stored run each, so the studies do not use the tree yet).  Prints prefill tokens and seconds
-for both, their ratios, and the largest score difference (they must agree).
+one stored run each, and the studies do not use the tree: on a 2-core CPU it ran slower, docs/paper.md).  Prints prefill tokens and seconds
+for both, their ratios, and the largest score difference (float32 agrees to its rounding; bfloat16's piecewise
+prefill rounds differently, up to 0.79 nats at 20 documents).
 
     .venv/bin/python benchmarks/shared_prefix.py --task qa --docs 10 --positions 0,4,9 --examples 8
     .venv/bin/python benchmarks/shared_prefix.py --task kv --docs 10 --positions 0,4,9 --no-closedbook

@@ -119,7 +119,8 @@ def score(lm, prompts: Sequence[Prompt], targets: Sequence[Target], scoring: str
           max_new_tokens: int = 100, shared_prefix: bool = False) -> list[Scored]:
     """Score each prompt against its target: `generate` (greedy, right when an accepted answer is in the
     first line), `loglik` (the first answer's log-likelihood) or `choice` (the candidates ranked by
-    log-likelihood; `shared_prefix` prefills the prompts' common beginnings once, same scores).  A vLLM
+    log-likelihood; `shared_prefix` prefills the prompts' common beginnings once: the same scores up to the
+    dtype's rounding, `shared_choice`).  A vLLM
     model (`--backend vllm`) generates only."""
     if scoring not in SCORINGS:
         raise ConfigError(f"unknown scoring {scoring!r}: use one of {SCORINGS}.")
@@ -448,8 +449,10 @@ def _tree(seqs: list[tuple[int, ...]], idx: list[int], depth: int):
 def shared_choice(lm: LoadedModel, prompts, candidates, gold) -> tuple[list, TreeStats]:
     """Forced choice over `prompts` with a prefix tree: every shared prefix (the instruction, the documents
     before the gold in a position sweep) is prefilled once and branched by copying its KV cache; each
-    prompt's candidates are then scored from its own cache.  Same scores as `runner.choice`; each prompt's
-    latency is its share of the whole tree's time."""
+    prompt's candidates are then scored from its own cache.  The scores of `runner.choice` up to the dtype's
+    rounding: the prefix is prefilled in pieces, which rounds differently (float32: about 1e-5 nats; bfloat16 on
+    SmolLM2 at 20 short documents: up to 0.79 nats, `benchmarks/shared_prefix.py`); each prompt's latency is its share
+    of the whole tree's time."""
     import torch
 
     _not_parallel("shared_choice")
