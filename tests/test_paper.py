@@ -382,8 +382,8 @@ def test_the_table_reads_the_studys_sweep_and_its_numbers_match_the_records(tmp_
     truth = _write_sweep(results, "smollm2-135m", 20, positions, 40, 0)
     _write_sweep(results, "smollm2-135m", 20, positions, 8, 1)  # a pilot-sized sweep of the same shape: not used
     ledger = paper.Ledger(tmp_path / "runs.json")
-    ledger.entries = {"smollm2-135m/02-qa-20": {"seconds": 754.0, "hardware": "a test CPU, 2 cores"},
-                      "smollm2-135m/01-kv-75": {"partial_seconds": 9.0, "hardware": "another CPU; a test CPU, 2 cores"}}
+    ledger.entries = {"smollm2-135m/02-qa-20": {"seconds": 754.0, "hardware": "a test CPU, 2 cores; another CPU"},
+                      "smollm2-135m/01-kv-75": {"partial_seconds": 9.0, "hardware": "a third CPU"}}
     text, used, long = paper.table(results, profiles.profile("paper"), ledger, models=["smollm2-135m"])
     assert len(used) == 1 and used[0].n_questions == 40
     rows = [line for line in text.splitlines() if line.startswith("| smollm2-135m")]
@@ -401,7 +401,8 @@ def test_the_table_reads_the_studys_sweep_and_its_numbers_match_the_records(tmp_
     assert margin[-2] == "40" and margin[-1].strip(" |") == "12 min 34 s"
     assert f"{truth[('oracle', None)].mean():+.2f}" == margin[8]
     assert "GPT-3.5-Turbo (0613), published" in text and "75.8%" in text and "+15.7 points" in text
-    assert "Hardware: a test CPU, 2 cores; another CPU. " in text  # each machine once, also a resumed run's
+    # the machines of the rows in the table, each once (a resumed run's too), not those of runs elsewhere
+    assert "Hardware: a test CPU, 2 cores; another CPU. " in text
     assert set(long["position"].dropna()) == {1, 5, 10, 15, 20}
     # a ledger short of the records' own scoring seconds (7 conditions x 40 questions x 2 s): an attempt was killed
     # before it could save, and the wall time says what the records prove
@@ -409,6 +410,16 @@ def test_the_table_reads_the_studys_sweep_and_its_numbers_match_the_records(tmp_
     text, _, _ = paper.table(results, profiles.profile("paper"), ledger, models=["smollm2-135m"])
     assert {line.split(" | ")[-1].strip(" |") for line in text.splitlines() if line.startswith("| smollm2")} == {
         "≥ 9 min 20 s"}
+    # a run still under way holds part of its sweep: named under the table, never a row of it
+    _write_sweep(results, "gemma3-270m", 20, positions, 40, 2)
+    ledger.entries["gemma3-270m/02-qa-20"] = {"partial_seconds": 100.0, "hardware": "a third CPU"}
+    text, used, _ = paper.table(results, profiles.profile("paper"), ledger)
+    assert [r.config["model"] for r in used] == ["smollm2-135m"] and "| gemma3-270m" not in text
+    assert "Under way, not in the table until they finish: gemma3-270m at 20 documents." in text
+    assert "a third CPU" not in text
+    del ledger.entries["smollm2-135m/02-qa-20"]["seconds"]
+    with pytest.raises(paper.NothingToTable, match="under way: smollm2-135m at 20 documents; gemma3-270m at 20"):
+        paper.table(results, profiles.profile("paper"), ledger)
 
 
 def test_a_null_penalty_is_read_against_the_smallest_effect_by_two_one_sided_tests():
@@ -469,12 +480,31 @@ def test_the_cli_lists_the_runs_without_running_them(capsys):
     out = capsys.readouterr().out
     assert re.search(r"smollm2-135m/02-qa-20: (to do|done)", out) and "gemma3-270m/02-qa-30" in out
     assert main(["paper", "--profile", "nope", "--list"]) == 2
+    assert main(["paper", "--only", "09", "--list"]) == 2 and "--only 09: no run of the paper profile" in \
+        capsys.readouterr().err
+    assert main(["paper", "--models", "nosuch-model", "--list"]) == 2 and "unknown model 'nosuch-model'" in \
+        capsys.readouterr().err
+
+
+def test_a_run_that_fills_no_row_of_the_table_ends_with_a_note_not_an_error(monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(paper, "check_dtype", lambda prof, todo: None)
+    monkeypatch.setattr(paper, "run_jobs", lambda prof, todo, ledger: ran.extend(todo))
+
+    def nothing(*args):
+        raise paper.NothingToTable("no finished sweep of smollm2-135m at the profile's shapes in the results")
+
+    monkeypatch.setattr(paper, "summarize", nothing)
+    assert main(["paper", "--only", "03", "--models", "smollm2-135m"]) == 0
+    assert [j.key for j in ran] == ["smollm2-135m/03-attention-20"]
+    assert "no table yet: no finished sweep" in capsys.readouterr().err
+    assert main(["paper", "--summary", "--models", "smollm2-135m"]) == 2  # asked for the table alone: an error
 
 
 # CI sizes for every run of the paper profile: the paper's shapes (20 and 30 documents of 100 words, 75 and 140
 # pairs), a few questions each
-TINY_SIZES = {"DTYPE": "float32", "MOST": 3, "LEAST": 3, "PILOT": 3, "LIMIT": 2, "CAL_EXAMPLES": 1, "SINK_LENGTHS": (1000, 2000),
-              "SHARED": 2, "TIME_FIRST": 1, "LENGTHS": (1000, 2000), "GRID_LIMIT": 3, "06.DEPTHS": 4, "ORDERS": 1,
+TINY_SIZES = {"DTYPE": "float32", "MOST": 3, "LEAST": 3, "PILOT": 3, "LIMIT": 2, "CAL_EXAMPLES": 1,
+              "SINK_LENGTHS": (1000, 2000), "SHARED": 2, "TIME_FIRST": 1, "LENGTHS": (1000, 2000), "GRID_LIMIT": 3, "06.DEPTHS": 4, "ORDERS": 1,
               "BIAS_EXAMPLES": 1, "CHANNEL_EXAMPLES": 2, "SORT_ROUNDS": 1,
               "LEVERS": ("baseline", "attention_sort", "calibration", "rescaling", "channel_scaling", "parallel")}
 

@@ -348,7 +348,12 @@ def _paper(args):
             paper.check_dtype(prof, todo)
             paper.run_jobs(prof, todo, ledger)
         if args.shard is None:
-            print(paper.summarize(prof, results, reports, figures, args.models, args.readme))
+            try:
+                print(paper.summarize(prof, results, reports, figures, args.models, args.readme))
+            except paper.NothingToTable as e:
+                if args.summary:
+                    raise
+                print(f"no table yet: {e}", file=sys.stderr)  # the runs asked for are done; none is a table's
         return 0
     return work
 

@@ -290,9 +290,18 @@ def resolve(name: str) -> tuple[str, dict]:
         return str(path), {"kind": "local", "path": str(path.resolve()), "weights": local_weights(path)}
     if _looks_like_hub_id(name):
         return name, {"kind": "hub", "id": name, "weights": {"kind": "hub", "id": name, "revision": None}}
-    known = ", ".join(sorted(REGISTRY))
-    raise ModelError(f"unknown model {name!r}: use a registry name ({known}), a hub id such as "
-                     "'Qwen/Qwen2.5-7B-Instruct', a local model directory, or a .gguf file.")
+    raise _unknown(name)
+
+
+def _unknown(name: str) -> ModelError:
+    return ModelError(f"unknown model {name!r}: use a registry name ({', '.join(sorted(REGISTRY))}), a hub id such "
+                      "as 'Qwen/Qwen2.5-7B-Instruct', a local model directory, or a .gguf file.")
+
+
+def check_name(name: str) -> None:
+    """The ModelError `resolve` would raise for a name it cannot take, before anything is loaded."""
+    if not (name in REGISTRY or Path(name).expanduser().exists() or _looks_like_hub_id(name)):
+        raise _unknown(name)
 
 
 def choose_device_dtype(device, dtype: str | None):

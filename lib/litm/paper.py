@@ -102,13 +102,19 @@ def jobs(prof: Profile, models=None, only=None, shard=None, overrides=None, root
     table as it goes; then the other runs model by model), and what is skipped and why. The notebooks are
     read from `root`/notebooks; executed copies, figures and reports go under `out` (default `root`):
     notebooks/<profile>/<model>/<label>.ipynb, figures/<profile>/<model>/<label>/, reports/<profile>/<model>/<label>/."""
-    import os
-
     from .notebooks import declared
+
+    from .models import check_name
 
     models = list(models or prof.models)
     if not models:
         raise ConfigError(f"profile {prof.name!r} names no models; give --models.")
+    for m in models:
+        check_name(m)
+    unmatched = [o for o in only or () if not any(o in (r.notebook, r.label) for r in prof.runs)]
+    if unmatched:
+        raise ConfigError(f"--only {', '.join(unmatched)}: no run of the {prof.name} profile has that notebook number "
+                          f"or label; its runs are {', '.join(r.label for r in prof.runs)}.")
     first = models[0]  # a run made once (`per_model=False`) is made with the first model, in shard 0
     if shard is not None:
         i, n = shard
@@ -490,27 +496,35 @@ def _rows(report, wall: str, primary: str | None = None, smallest: float | None 
     return rows
 
 
+class NothingToTable(ConfigError):
+    """No finished sweep at the profile's shapes in the results yet."""
+
+
 def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, list, "pd.DataFrame"]:
     """The README table: for each (task, size) of the profile, each model's accuracy and margin at every gold
     position with 95% intervals (Wilson; t), closed-book and oracle, the middle penalty (t interval over questions,
-    t-test p), n and the wall time of the run that made it (at least the records' scoring seconds); the paper's published numbers beside QA at 20
-    documents. `results`: a results folder, or the records `report.load_results` read from one. Returns the
+    t-test p), n and the wall time of the run that made it (at least the records' scoring seconds); the paper's
+    published numbers beside QA at 20 documents. A run the ledger has as unfinished is named below the table, not
+    put in it. `results`: a results folder, or the records `report.load_results` read from one. Returns the
     markdown, the sweeps used and their per-position long table (`report.to_table`)."""
     from .report import analyse, load_results, to_table
 
     df = load_results(results) if isinstance(results, (str, Path)) else results
     reports = analyse(df)
     models = list(models or prof.models)
-    text, used = [], []
-    hosts = sorted({h for e in ledger.entries.values() for h in e["hardware"].split("; ")})
+    text, used, under_way, hosts = [], [], [], []
     for task, size, label in prof.tables:
+        what = "Multi-document QA" if task == "qa" else "Key-value retrieval"
+        unit = "documents" if task == "qa" else "key-value pairs"
         found = [(m, _pick(reports, m, task, size)) for m in models]
         found = [(m, r) for m, r in found if r is not None]
+        # a run still under way (its ledger entry unfinished) holds part of its sweep: not a row of the table
+        unfinished = [m for m, _ in found if "seconds" not in ledger.entries.get(f"{m}/{label}", {"seconds": None})]
+        under_way += [f"{m} at {size} {unit}" for m in unfinished]
+        found = [(m, r) for m, r in found if m not in unfinished]
         if not found:
             continue
         positions = sorted(int(p) + 1 for p in found[0][1].summary.query("condition == 'documents'")["position"])
-        what = "Multi-document QA" if task == "qa" else "Key-value retrieval"
-        unit = "documents" if task == "qa" else "key-value pairs"
         head = ["model", "measure", *[f"gold at {p}" for p in positions], "closed-book", "oracle",
                 "middle penalty", "n", "wall time"]
         lines = [f"**{what}, {size} {unit}** ({found[0][1].config.get('scoring')} scoring)", "",
@@ -519,6 +533,7 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
         planned = {**shipped_defaults(run.notebook), **prof.settings.get(run.notebook, {}), **run.parameters}
         for m, r in found:
             entry = ledger.entries.get(f"{m}/{label}")
+            hosts += [h for h in (entry or {}).get("hardware", "").split("; ") if h and h not in hosts]
             # the records' own scoring seconds bound the wall time from below: above the ledger's, an attempt was
             # killed before it could save its seconds, and the bound is what can be stated
             scoring = df.loc[df["config_hash"].isin(r.runs), "latency_s"].sum() if "latency_s" in df else 0.0
@@ -541,8 +556,11 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
                                             str(p["n"]), ""]) + " |")
         text.append("\n".join(lines))
     if not text:
-        raise ConfigError(f"no sweep of {', '.join(models)} at the profile's shapes in the results; run "
-                      "`make paper` (or `python -m litm paper`) first.")
+        raise NothingToTable(f"no finished sweep of {', '.join(models)} at the profile's shapes in the results"
+                             + (f" (under way: {'; '.join(under_way)})" if under_way else "")
+                             + "; run `make paper` (or `python -m litm paper`) first.")
+    if under_way:
+        text.append(f"Under way, not in the table until they finish: {'; '.join(under_way)}.")
     text.append(f"Hardware: {'; '.join(hosts) or 'not recorded'}. 95% intervals: Wilson for accuracy, t over questions "
                 "for margins and middle penalties (edges minus middle, paired; t-test p). The primary penalty is read "
                 "against the study's smallest effect of interest: excludes 0, within it (TOST), or neither. Wall "
