@@ -112,7 +112,7 @@ def jobs(prof: Profile, models=None, only=None, shard=None, overrides=None, root
     for m in models:
         check_name(m)
     unmatched = [o for o in only or () if not any(o in (r.notebook, r.label) for r in prof.runs)]
-    if unmatched:
+    if unmatched and prof.runs:  # a profile without runs of its own (course) has nothing to match
         raise ConfigError(f"--only {', '.join(unmatched)}: no run of the {prof.name} profile has that notebook number "
                           f"or label; its runs are {', '.join(r.label for r in prof.runs)}.")
     first = models[0]  # a run made once (`per_model=False`) is made with the first model, in shard 0
