@@ -358,7 +358,7 @@ class _Clock:
 
 
 # How many times as long a question takes as on the 2-core Xeon with AMX that the profile's seconds come from:
-# AVX512-BF16 alone (a 2-core AMD EPYC) took 118 s a key-value question at 75 pairs against 38.4 (3.1x) and 2.7-3.1x
+# AVX512-BF16 alone (a 2-core AMD EPYC) took 118 s a key-value question at 75 pairs against 38.4 (3.1x) and 2.4-3.1x
 # a course notebook's; float32 without bfloat16 units (AVX2) answered notebook 02's questions 6.9x slower
 # (docs/cpu.md). The ETA's first guess; it learns the rest as runs finish.
 SLOWER = {"AMX": 1.0, "AVX512-BF16": 3.0, "": 6.9}  # "": no bfloat16 units
