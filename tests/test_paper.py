@@ -1,5 +1,6 @@
 """Profiles and `make paper`: what a profile sets, the runs it makes, the ledger that resumes them, the ETA, and the
 table and figures from stored records."""
+import dataclasses
 import json
 import re
 from dataclasses import replace
@@ -276,7 +277,7 @@ def test_the_eta_starts_from_the_profiles_seconds_times_this_cpus_measured_slowd
     class Expected(Exception):
         pass
 
-    def bar(self, todo, expected, stream, records):  # the progress line's expected seconds, caught before anything runs
+    def bar(self, todo, expected, stream, records, earlier):  # the progress line's expected seconds, caught before anything runs
         raise Expected(expected)
 
     prof = profiles.profile("paper")
@@ -310,6 +311,28 @@ def test_the_eta_is_a_range_from_the_fewest_questions_to_the_cap(monkeypatch):
     assert bar.ratio() == 1.0
     bar.finish(b, 240.0)  # twice its cap's guess: the machine is slower
     assert bar.ratio() == pytest.approx((1200 + 240) / (1200 + 120))
+
+
+def test_a_resumed_runs_eta_counts_its_earlier_attempts_seconds(monkeypatch, tmp_path):
+    prof = profiles.profile("paper")
+    a, b = paper.jobs(prof, only=["02-qa-20"], root=ROOT, out=tmp_path)[0]
+    ledger = paper.Ledger(tmp_path / "runs.json")
+    ledger.record(a, 250.0, finished=False)
+    ledger.record(a, 150.0, finished=False, new_attempt=False)  # two saves of one stopped attempt: 400 s
+    assert (ledger.spent(a), ledger.spent(b)) == (400.0, 0.0)
+    changed = dataclasses.replace(a, parameters={**a.parameters, "SEED": -1})  # other parameters: that run starts afresh
+    assert paper.Ledger(tmp_path / "runs.json").spent(changed) == 0.0
+    bar = paper.Progress([a, b], {a.key: (600.0, 1800.0), b.key: (60.0, 120.0)},
+                         earlier={j.key: ledger.spent(j) for j in (a, b)})
+    now = [0.0]
+    monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
+    bar.started = bar.job_start = 0.0
+    bar.current = a
+    now[0] = 100.0  # 600 - 400 - 100 and 1800 - 400 - 100 left of it; then b's 60-120
+    assert ("0 min 00 s in" not in bar.line() and "1 min 40 s in (+ 6 min 40 s in earlier attempts), "
+            "ETA 1 min 40 s to 21 min 40 s; whole run 1 min 40 s in, ETA 2 min 40 s to 23 min 40 s") in bar.line()
+    ledger.record(a, 10.0)  # finished: nothing of it is left to resume
+    assert ledger.spent(a) == 0.0
 
 
 def test_progress_counts_the_records_a_run_stores(monkeypatch, tmp_path):

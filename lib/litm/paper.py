@@ -200,6 +200,11 @@ class Ledger:
     def _read(self) -> dict:
         return json.loads(self.path.read_text()) if self.path.is_file() else {}
 
+    def spent(self, job: Job) -> float:
+        """The seconds earlier attempts of this unfinished run (same digest) have saved, 0 for a new one."""
+        e = self.entries.get(job.key, {})
+        return float(e.get("partial_seconds", 0.0)) if e.get("digest") == job.digest and "seconds" not in e else 0.0
+
     def done(self, job: Job) -> bool:
         e = self.entries.get(job.key)
         return bool(e) and "seconds" in e and e.get("digest") == job.digest and job.executed.is_file()
@@ -271,10 +276,11 @@ class Progress:
     run's size is its pilot's plan, between the fewest questions the profile allows and its cap, so the ETA is a
     range (unknown runs count as the mean of the known, or 10 minutes). As runs finish, every estimate is scaled by
     how long the finished runs took against their range (below it: against its low end; above: its high end; inside:
-    as expected), so the ETA learns this machine's speed."""
+    as expected), so the ETA learns this machine's speed. A resumed run's `earlier` seconds (its earlier attempts',
+    from the ledger) count as spent on it."""
 
     def __init__(self, todo: list[Job], expected: dict, stream=sys.stderr, every: float | None = None,
-                 records=None):
+                 records=None, earlier: dict | None = None):
         spans = {k: (v, v) if isinstance(v, (int, float)) else tuple(v) for k, v in expected.items()}
         known = [spans[j.key] for j in todo if j.key in spans]
         default = tuple(sum(s[i] for s in known) / len(known) for i in (0, 1)) if known else (600.0, 600.0)
@@ -286,6 +292,7 @@ class Progress:
         self.current: Job | None = None
         self.started = self.job_start = time.perf_counter()
         self.records, self.records_before = records, 0  # `records()`: records stored now (a `Records`)
+        self.earlier = {k: v for k, v in (earlier or {}).items() if v > 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._tick, daemon=True)
 
@@ -298,12 +305,15 @@ class Progress:
         now = time.perf_counter()
         r = self.ratio()
         in_run = now - self.job_start
+        before = self.earlier.get(self.current.key, 0.0)
         i = self.todo.index(self.current)
-        left = [max(0.0, self.expected[self.current.key][k] * r - in_run)
-                + sum(self.expected[j.key][k] for j in self.todo[i + 1:]) * r for k in (0, 1)]
-        run = [max(0.0, self.expected[self.current.key][k] * r - in_run) for k in (0, 1)]
+        left = [max(0.0, self.expected[self.current.key][k] * r - before - in_run)
+                + sum(max(0.0, self.expected[j.key][k] * r - self.earlier.get(j.key, 0.0))
+                      for j in self.todo[i + 1:]) for k in (0, 1)]
+        run = [max(0.0, self.expected[self.current.key][k] * r - before - in_run) for k in (0, 1)]
         made = self.records() - self.records_before if self.records else 0
-        return (f"[{i + 1}/{len(self.todo)}] {self.current.key}: {_clock(in_run)} in, ETA {_span(*run)}; "
+        return (f"[{i + 1}/{len(self.todo)}] {self.current.key}: {_clock(in_run)} in"
+                + (f" (+ {_clock(before)} in earlier attempts)" if before else "") + f", ETA {_span(*run)}; "
                 f"whole run {_clock(now - self.started)} in, ETA {_span(*left)}"
                 + (f"; {made} records stored in this run, {in_run / made:.0f} s each" if made > 0 else ""))
 
@@ -399,7 +409,8 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
     roots = {(j.source.parent / folder).resolve() for j in pending
              if (folder := j.parameters.get("RESULTS_DIR", j.settings.get("RESULTS_DIR")))}
     bar = Progress(pending, {k: tuple(factor * x for x in (v if isinstance(v, tuple) else (v, v)))
-                             for k, v in prof.seconds.items()}, stream=stream, records=Records(roots))
+                             for k, v in prof.seconds.items()}, stream=stream, records=Records(roots),
+                   earlier={j.key: ledger.spent(j) for j in pending})
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop) if main else None
     try:
