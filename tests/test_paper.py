@@ -452,7 +452,13 @@ def test_a_null_penalty_is_read_against_the_smallest_effect_by_two_one_sided_tes
                        sps.ttest_1samp(values, smallest, alternative="less").pvalue)
         est = stats.t_estimate(values)
         assert paper.equivalence_p(est, smallest) == pytest.approx(expected, rel=1e-6)
-        assert paper._reading(est, stats.measure("margin"), smallest).startswith(word)
+        reading = paper._reading(est, stats.measure("margin"), smallest)
+        assert reading.startswith(word)
+        # how large an effect it rules out: the margin at which scipy's own two one-sided tests give p = 0.05
+        bound = stats.equivalence_bound(est)
+        at_bound = max(sps.ttest_1samp(values, -bound, alternative="greater").pvalue,
+                       sps.ttest_1samp(values, bound, alternative="less").pvalue)
+        assert at_bound == pytest.approx(0.05, rel=1e-6) and f"beyond +-{bound:.2f}" in reading
 
 
 def test_the_summary_writes_the_table_report_figures_and_the_readme_block(tmp_path):

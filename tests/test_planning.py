@@ -96,6 +96,9 @@ def test_the_conclusion_reads_the_interval_against_the_smallest_effect(values, s
     text = planning.conclusion(values, "margin", 0.5, "the change")
     low, high = st.ttest_1samp(values, 0).confidence_interval(0.95)
     assert says in text and f"[{low:+.2f}, {high:+.2f}]" in text and f"n = {len(values)}" in text
+    if "excludes 0" not in says:  # a null says how large an effect it rules out: where the 90% interval ends
+        low90, high90 = st.ttest_1samp(values, 0).confidence_interval(0.90)
+        assert f"rules out {'only ' if 'cannot' in says else ''}effects beyond +-{max(-low90, high90):.2f} nats" in text
 
 
 def test_the_pilot_and_the_study_never_share_a_question(tmp_path):

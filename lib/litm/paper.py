@@ -458,8 +458,9 @@ def equivalence_p(estimate, margin: float) -> float:
     """TOST p that a t estimate (value, 95% t interval, n) lies within +-margin, from its standard error."""
     from scipy.stats import t
 
-    df = estimate.n - 1
-    se = (estimate.high - estimate.low) / (2 * t.ppf(0.975, df))
+    from .stats import t_se
+
+    df, se = estimate.n - 1, t_se(estimate)
     if se == 0:
         return 0.0 if abs(estimate.value) < margin else 1.0
     return float(max(t.sf((estimate.value + margin) / se, df), t.cdf((estimate.value - margin) / se, df)))
@@ -469,9 +470,11 @@ def _reading(estimate, m, smallest: float) -> str:
     """What a primary middle penalty says against the smallest effect of interest (as `planning.conclusion`)."""
     if estimate.low > 0 or estimate.high < 0:
         return "excludes 0"
-    p = equivalence_p(estimate, smallest)
-    return (f"within +-{m.format(smallest)} (TOST p = {p:.2g})" if p < 0.05
-            else f"cannot tell from +-{m.format(smallest)} (TOST p = {p:.2g})")
+    from .stats import equivalence_bound
+
+    p, bound = equivalence_p(estimate, smallest), m.format(equivalence_bound(estimate))
+    return (f"within +-{m.format(smallest)} (TOST p = {p:.2g}; rules out beyond +-{bound})" if p < 0.05
+            else f"cannot tell from +-{m.format(smallest)} (TOST p = {p:.2g}); rules out only beyond +-{bound}")
 
 
 def _rows(report, wall: str, primary: str | None = None, smallest: float | None = None) -> list[list[str]]:

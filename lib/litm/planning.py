@@ -192,9 +192,10 @@ def conclusion(values, m: str | stats.Measure, smallest: float, what: str = "the
     if est.low > 0 or est.high < 0:
         return f"{what.capitalize()} is {ci}: the interval excludes 0 (t-test p = {est.p_value:.2g})."
     tost = stats.equivalence(values, smallest)
+    bound = f"+-{m.format(stats.equivalence_bound(est))} {m.unit}"
     if tost.p_value < 0.05:
         return (f"{what.capitalize()} is {ci}: no effect as large as +-{m.format(smallest)} {m.unit} (equivalence "
-                f"test, TOST p = {tost.p_value:.2g}).")
+                f"test, TOST p = {tost.p_value:.2g}; it rules out effects beyond {bound}).")
     return (f"{what.capitalize()} is {ci}: the interval includes 0 and reaches past +-{m.format(smallest)} "
             f"{m.unit} (TOST p = {tost.p_value:.2g}), so this study cannot tell an effect of that size from none; "
-            "it needs more questions (see the plan).")
+            f"it rules out only effects beyond {bound}, and needs more questions to do better (see the plan).")

@@ -274,6 +274,22 @@ def equivalence(values, margin: float, alpha: float = 0.05) -> "TestResult":
     return TestResult("TOST", m, p, {"margin": margin, "n": x.size})
 
 
+def t_se(estimate: Estimate) -> float:
+    """The standard error behind a `t_estimate`'s interval (its half-width over t at its level, n - 1 df)."""
+    from scipy.stats import t as t_dist
+
+    return (estimate.high - estimate.low) / (2 * float(t_dist.ppf(0.5 + estimate.level / 2, estimate.n - 1)))
+
+
+def equivalence_bound(estimate: Estimate, alpha: float = 0.05) -> float:
+    """How large an effect a `t_estimate` rules out: the smallest margin two one-sided t-tests at `alpha` would
+    call it within (the end of its 1 - 2 alpha interval farthest from 0).  A null is informative when this is
+    below the smallest effect of interest."""
+    from scipy.stats import t as t_dist
+
+    return abs(estimate.value) + float(t_dist.ppf(1 - alpha, estimate.n - 1)) * t_se(estimate)
+
+
 def edges_and_middle(positions: Sequence[int]) -> tuple[list[int], list[int]]:
     """The first and last positions, and the middle one (the two central ones for an even count)."""
     ps = sorted(positions)
