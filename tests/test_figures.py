@@ -181,3 +181,13 @@ def test_the_lever_forest_labels_its_panels_without_one_label_running_into_the_n
     assert len(boxes) == 2 and boxes[0].x1 <= boxes[1].x0  # the margin panel's label ends before the accuracy one's
     assert all("n = 20" in ax.get_xlabel() for ax in fig.axes)
     assert displayed_points(fig) >= 8
+
+
+def test_each_models_n_is_named_when_the_models_differ_in_size():
+    a, _ = _table(oracle_shift=0.0)
+    b, _ = _table(oracle_shift=0.0)
+    b = b[b["example_id"] != "q4"]  # one question fewer
+    df = pd.concat([a.assign(model="big"), b.assign(model="small")], ignore_index=True)
+    fig = position_curve(df, label_by="model")
+    for ax in fig.axes:
+        assert ax.get_xlabel().endswith("n at each position: 5 (big), 4 (small)")

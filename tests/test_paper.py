@@ -233,6 +233,28 @@ def test_a_running_run_saves_its_seconds_so_a_killed_one_keeps_them(monkeypatch,
     assert entry["seconds"] == 1500.0 and entry["attempts"] == 1 and "running" not in entry  # nothing counted twice
 
 
+def test_a_run_is_in_the_ledger_as_under_way_from_its_first_second(monkeypatch, tmp_path):
+    import litm.notebooks
+
+    prof = profiles.profile("paper")
+    job = paper.jobs(prof, only=["02-qa-30"], models=["smollm2-135m"], root=ROOT, out=tmp_path)[0][0]
+    results = tmp_path / "results"
+    _write_sweep(results, "smollm2-135m", 30, (0,), 4, 1)  # the pilot's first records, as the run writes them
+    seen = []
+
+    def runs(source, out, *args, name, **kwargs):  # long before the first timed save (an hour)
+        seen.append(json.loads((tmp_path / "runs.json").read_text())[job.key])
+        ledger = paper.Ledger(tmp_path / "runs.json")
+        with pytest.raises(paper.NothingToTable, match="under way: smollm2-135m at 30 documents"):
+            paper.table(results, prof, ledger, models=["smollm2-135m"])
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text("{}")
+
+    monkeypatch.setattr(litm.notebooks, "execute", runs)
+    paper.run_jobs(prof, [job], paper.Ledger(tmp_path / "runs.json"), progress=False, save_every=3600.0)
+    assert seen[0]["attempts"] == 1 and "running" in seen[0] and "seconds" not in seen[0]
+
+
 def test_a_batch_systems_sigterm_stops_the_run_like_ctrl_c(monkeypatch, tmp_path):
     import os
     import signal

@@ -341,13 +341,14 @@ class Progress:
 
 
 class _Clock:
-    """A running job's seconds, saved to the ledger every `every` seconds and when it ends (each save adds the
-    seconds since the last; the first counts the attempt)."""
+    """A running job's seconds, saved to the ledger as it starts, every `every` seconds and when it ends (each
+    save adds the seconds since the last; the first counts the attempt)."""
 
     def __init__(self, ledger: Ledger, job: Job, every: float):
         self.ledger, self.job, self.t0, self.saved = ledger, job, time.perf_counter(), 0.0
         self.counted = self.ended = False
         self._lock, self._stop = threading.Lock(), threading.Event()
+        self.save(finished=False, last=False)  # in the ledger from its first second: its records so far are no row
         self._thread = threading.Thread(target=self._tick, args=(every,), daemon=True)
         self._thread.start()
 
@@ -613,8 +614,10 @@ def overlay_figures(df, used, prof: Profile, out_dir) -> list[Path]:
             if a.get_legend():
                 a.get_legend().remove()
         fig.suptitle(("Multi-document QA" if task == "qa" else "Key-value retrieval") + f" ({prof.name} profile)")
-        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, frameon=False)
-        fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(handles) // 3), 1, 1))
+        ncol = 2 if len(parts) == 1 else 3  # a legend no wider than the panels
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, frameon=False)
+        legend_inches = 0.1 + 0.22 * -(-len(handles) // ncol)  # its rows of entries
+        fig.tight_layout(rect=(0, legend_inches / fig.get_figheight(), 1, 1))
         written += save_figure(fig, f"{task}-position-curves", out_dir)
         plt.close(fig)
     return written

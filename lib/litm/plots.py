@@ -165,12 +165,12 @@ def position_curve(df, label_by: str | None = None, ax=None, title: str | None =
     xs = sorted(int(p) + 1 for p in df.loc[df["condition"] == "documents", "position"].dropna().unique())
     for a, m in zip(axes, panels):
         y, lo, hi = m.summary
-        baselines, spans, ns = [], [], set()
+        baselines, spans, ns = [], [], {}
         for i, (label, g) in enumerate(groups):
             color = _c(i)
             s = summarize(g)
             docs = s[s["condition"] == "documents"].sort_values("position")
-            ns.update(docs["n"].astype(int))
+            ns[label] = counts(docs["n"])
             x = docs["position"].astype(int).to_numpy() + 1
             a.plot(x, docs[y], marker="o", color=color, label=label if label is not None else "full context")
             a.fill_between(x, docs[lo], docs[hi], color=color, alpha=0.2)
@@ -201,7 +201,9 @@ def position_curve(df, label_by: str | None = None, ax=None, title: str | None =
         # room for the marks: the data fill the rest of the panel, so no mark sits on the curve
         total = (limits[1] - limits[0]) / (1 - edge[True] - edge[False])
         a.set_ylim(limits[0] - edge[False] * total, limits[1] + edge[True] * total)
-        a.set_xlabel(f"Position of the gold {unit} (1 = first)\nn = {counts(ns)} questions at each position")
+        n_note = (f"n = {next(iter(ns.values()))} questions at each position" if len(set(ns.values())) == 1
+                  else "n at each position: " + ", ".join(f"{v} ({k})" for k, v in ns.items()))
+        a.set_xlabel(f"Position of the gold {unit} (1 = first)\n{n_note}")
         a.set_ylabel(_axis_label(m, scoring))
         if xs:
             a.set_xticks(xs)
