@@ -1,5 +1,6 @@
 """Reports and comparisons from stored results; the position x length grid."""
 import json
+import time
 
 import numpy as np
 import pytest
@@ -224,8 +225,12 @@ def test_position_curve_draws_accuracy_and_the_margin_side_by_side_from_a_hand_m
     assert "margin" in bx.get_ylabel() and "accuracy" in ax.get_ylabel().lower()
     assert len(position_curve(df, measure="loglik").axes) == 2
     assert len(position_curve(df.assign(correct=None, gold_margin=None)).axes) == 1  # log-likelihood scoring
-    png, _ = save_figure(fig, "two-panel", tmp_path)
+    png, pdf = save_figure(fig, "two-panel", tmp_path)
     assert png.stat().st_size > 1000
+    first = (png.read_bytes(), pdf.read_bytes())
+    time.sleep(1.1)  # a creation date would now differ by a second
+    save_figure(fig, "two-panel", tmp_path)
+    assert (png.read_bytes(), pdf.read_bytes()) == first  # the same figure, the same bytes
 
 
 def test_the_margin_is_the_gold_loglik_minus_the_best_other_candidates_by_another_route(tiny_lm, tmp_path):

@@ -80,12 +80,13 @@ def data_limits(*arrays, pad: float = 0.08) -> tuple[float, float]:
 
 
 def save_figure(fig, name: str, directory: str | Path | None = None) -> list[Path]:
-    """Save `fig` as `<directory>/<name>.png` and `.pdf` (directory: LITM_FIGURES or ./figures)."""
+    """Save `fig` as `<directory>/<name>.png` and `.pdf` (directory: LITM_FIGURES or ./figures); the same figure
+    gives the same bytes (no creation date in the PDF), so a committed figure changes only when its data do."""
     d = Path(directory) if directory is not None else FIGURES_DIR
     d.mkdir(parents=True, exist_ok=True)
     paths = [d / f"{name}.{ext}" for ext in ("png", "pdf")]
     for p in paths:
-        fig.savefig(p, dpi=150, bbox_inches="tight")
+        fig.savefig(p, dpi=150, bbox_inches="tight", metadata={"CreationDate": None} if p.suffix == ".pdf" else None)
     return paths
 
 
