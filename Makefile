@@ -49,8 +49,11 @@ PAPER_ARGS ?=
 paper: setup
 	$(PY) -m litm paper $(PAPER_ARGS)
 
+# The tests run in TEST_WORKERS parallel processes (pytest-xdist; each takes its share of the cores, tests/conftest.py):
+# TEST_WORKERS=0 runs them in this process, one at a time.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The gpu-marked tests on CUDA, then benchmarks/gpu_check.py: writes gpu-check.md and gpu-check.json, and fails
 # when a test fails. Nothing is installed or downloaded; pytest is the one package beyond torch, transformers,

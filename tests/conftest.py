@@ -14,6 +14,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # The CPU default dtype depends on the CPU (bfloat16 where it has the units, litm.models.cpu_dtype); the tests pin
 # float32 so their numbers mean the same on every machine, and tests/test_models.py checks the choice by patching.
 os.environ.setdefault("LITM_CPU_DTYPE", "float32")
+# `make test` runs the tests in parallel workers (pytest-xdist): each worker, and the notebook kernels and
+# subprocesses it starts, takes its share of the cores rather than all of them, so they do not fight over them
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
+                                                  // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")

@@ -157,7 +157,7 @@ def _records(results: Path) -> dict:
 def test_killed_sweep_resumes_to_exactly_the_expected_records(tiny_model_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
     args = [sys.executable, "-m", "litm", "sweep", "--task", "kv", "--model", str(tiny_model_dir), "--docs", "6",
-            "--positions", "0,5", "--limit", "150", "--batch-size", "1", "--no-closedbook", "--seed", "7"]
+            "--positions", "0,5", "--limit", "60", "--batch-size", "1", "--no-closedbook", "--seed", "7"]
     killed = tmp_path / "killed"
     proc = subprocess.Popen(args + ["--results", str(killed)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -171,10 +171,10 @@ def test_killed_sweep_resumes_to_exactly_the_expected_records(tiny_model_dir, tm
     proc.wait()
     partial = _records(killed)
     n_partial = sum(len(v) for v in partial.values())
-    assert 20 <= n_partial < 3 * 150, "the run must be killed part way"
+    assert 20 <= n_partial < 3 * 60, "the run must be killed part way"
     first = next(iter(sorted(killed.glob("*/records.jsonl"))))
     with open(first, "a") as fh:  # and as if the kill had landed mid-write
-        fh.write('{"example_id": "kv-s7-149", "status": "o')
+        fh.write('{"example_id": "kv-s7-59", "status": "o')
     assert subprocess.run(args + ["--results", str(killed)], env=env, capture_output=True).returncode == 0
     clean = tmp_path / "clean"
     assert subprocess.run(args + ["--results", str(clean)], env=env, capture_output=True).returncode == 0
@@ -182,7 +182,7 @@ def test_killed_sweep_resumes_to_exactly_the_expected_records(tiny_model_dir, tm
     assert set(got) == set(want) and len(want) == 3
     for key in want:
         ids = [r["example_id"] for r in got[key]]
-        assert len(ids) == len(set(ids)) == 150
+        assert len(ids) == len(set(ids)) == 60
         by_id = {r["example_id"]: r for r in got[key]}
         for r in want[key]:
             g = by_id[r["example_id"]]
