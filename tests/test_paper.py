@@ -299,8 +299,8 @@ def test_the_eta_starts_from_the_profiles_seconds_times_this_cpus_measured_slowd
     class Expected(Exception):
         pass
 
-    def bar(self, todo, expected, stream, records, earlier):  # the progress line's expected seconds, caught before anything runs
-        raise Expected(expected)
+    def bar(self, todo, expected, stream, records, earlier, per_record):  # what the progress line expects, caught
+        raise Expected(expected, per_record)                                # before anything runs
 
     prof = profiles.profile("paper")
     job = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT, out=tmp_path)[0][0]
@@ -311,6 +311,7 @@ def test_the_eta_starts_from_the_profiles_seconds_times_this_cpus_measured_slowd
         paper.run_jobs(prof, [job], paper.Ledger(tmp_path / "runs.json"))
     low, high = prof.seconds[job.key]
     assert got.value.args[0][job.key] == pytest.approx((factor * low, factor * high))
+    assert got.value.args[1][job.key] == pytest.approx(factor * prof.per_record[job.key])
 
 
 def test_the_eta_is_a_range_from_the_fewest_questions_to_the_cap(monkeypatch):
@@ -333,6 +334,26 @@ def test_the_eta_is_a_range_from_the_fewest_questions_to_the_cap(monkeypatch):
     assert bar.ratio() == 1.0
     bar.finish(b, 240.0)  # twice its cap's guess: the machine is slower
     assert bar.ratio() == pytest.approx((1200 + 240) / (1200 + 120))
+
+
+def test_the_eta_takes_the_running_runs_pace_from_the_records_it_stores(monkeypatch):
+    prof = profiles.profile("paper")
+    # a question stores a record per gold position and baseline: 7 + closed-book + oracle at 30 documents, 4 +
+    # oracle at 75 pairs (the folders the paper run commits)
+    assert prof.per_record["smollm2-135m/02-qa-30"] == pytest.approx(26.5 / 9)
+    assert prof.per_record["gemma3-270m/01-kv-75"] == pytest.approx(76.1 / 5)
+    a, b = paper.jobs(prof, only=["02-qa-20"], root=ROOT)[0]
+    stored = [0]
+    bar = paper.Progress([a, b], {a.key: (600.0, 1800.0), b.key: (60.0, 120.0)}, records=lambda: stored[0],
+                         per_record={a.key: 2.0})
+    now = [0.0]
+    monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
+    bar.started = bar.job_start = 0.0
+    bar.current = a
+    now[0], stored[0] = 100.0, paper.Progress.LIVE_AFTER - 1  # too few records yet: the guess as it stands
+    assert "ETA 8 min 20 s to 28 min 20 s; whole run 1 min 40 s in, ETA 9 min 20 s to 30 min 20 s" in bar.line()
+    stored[0] = 25  # 4 s a record against 2 expected: twice as slow, this run (1200-3600 s) and the next (120-240)
+    assert "ETA 18 min 20 s to 58 min 20 s; whole run 1 min 40 s in, ETA 20 min 20 s to 1 h 02 min" in bar.line()
 
 
 def test_a_resumed_runs_eta_counts_its_earlier_attempts_seconds(monkeypatch, tmp_path):

@@ -276,11 +276,15 @@ class Progress:
     run's size is its pilot's plan, between the fewest questions the profile allows and its cap, so the ETA is a
     range (unknown runs count as the mean of the known, or 10 minutes). As runs finish, every estimate is scaled by
     how long the finished runs took against their range (below it: against its low end; above: its high end; inside:
-    as expected), so the ETA learns this machine's speed. A resumed run's `earlier` seconds (its earlier attempts',
-    from the ledger) count as spent on it."""
+    as expected), so the ETA learns this machine's speed. Once the run in progress has stored `LIVE_AFTER` records
+    and its expected seconds a record are known (`per_record`), its own pace sets that scale instead: a run that
+    takes hours corrects its ETA within minutes. A resumed run's `earlier` seconds (its earlier attempts', from the
+    ledger) count as spent on it."""
+
+    LIVE_AFTER = 10
 
     def __init__(self, todo: list[Job], expected: dict, stream=sys.stderr, every: float | None = None,
-                 records=None, earlier: dict | None = None):
+                 records=None, earlier: dict | None = None, per_record: dict | None = None):
         spans = {k: (v, v) if isinstance(v, (int, float)) else tuple(v) for k, v in expected.items()}
         known = [spans[j.key] for j in todo if j.key in spans]
         default = tuple(sum(s[i] for s in known) / len(known) for i in (0, 1)) if known else (600.0, 600.0)
@@ -293,6 +297,7 @@ class Progress:
         self.started = self.job_start = time.perf_counter()
         self.records, self.records_before = records, 0  # `records()`: records stored now (a `Records`)
         self.earlier = {k: v for k, v in (earlier or {}).items() if v > 0}
+        self.per_record = {k: v for k, v in (per_record or {}).items() if v > 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._tick, daemon=True)
 
@@ -303,15 +308,16 @@ class Progress:
         if self.current is None:
             return ""
         now = time.perf_counter()
-        r = self.ratio()
         in_run = now - self.job_start
+        made = self.records() - self.records_before if self.records else 0
+        live = self.per_record.get(self.current.key)
+        r = in_run / made / live if live and made >= self.LIVE_AFTER else self.ratio()
         before = self.earlier.get(self.current.key, 0.0)
         i = self.todo.index(self.current)
         left = [max(0.0, self.expected[self.current.key][k] * r - before - in_run)
                 + sum(max(0.0, self.expected[j.key][k] * r - self.earlier.get(j.key, 0.0))
                       for j in self.todo[i + 1:]) for k in (0, 1)]
         run = [max(0.0, self.expected[self.current.key][k] * r - before - in_run) for k in (0, 1)]
-        made = self.records() - self.records_before if self.records else 0
         return (f"[{i + 1}/{len(self.todo)}] {self.current.key}: {_clock(in_run)} in"
                 + (f" (+ {_clock(before)} in earlier attempts)" if before else "") + f", ETA {_span(*run)}; "
                 f"whole run {_clock(now - self.started)} in, ETA {_span(*left)}"
@@ -411,7 +417,8 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
              if (folder := j.parameters.get("RESULTS_DIR", j.settings.get("RESULTS_DIR")))}
     bar = Progress(pending, {k: tuple(factor * x for x in (v if isinstance(v, tuple) else (v, v)))
                              for k, v in prof.seconds.items()}, stream=stream, records=Records(roots),
-                   earlier={j.key: ledger.spent(j) for j in pending})
+                   earlier={j.key: ledger.spent(j) for j in pending},
+                   per_record={k: factor * v for k, v in prof.per_record.items()})
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop) if main else None
     try:

@@ -49,6 +49,7 @@ class Profile:
     runs: tuple[Run, ...] = ()
     tables: tuple[tuple[str, int, str], ...] = ()  # (task, size, the run's label): what the summary table reports
     seconds: dict = field(default_factory=dict)  # "model/label" -> expected wall seconds (or (fewest, most)): the ETA
+    per_record: dict = field(default_factory=dict)  # "model/label" -> expected seconds a stored record: the live ETA
 
 
 PAPER_SETTINGS = {
@@ -105,13 +106,29 @@ def _expected(settings: dict) -> dict:
     return out
 
 
+# the records a question stores beside its gold positions: 01's oracle; 02's closed-book and oracle
+BASELINES = {"01": 1, "02": 2}
+
+
+def _per_record(settings: dict, runs: tuple[Run, ...]) -> dict:
+    """Expected seconds a record: a question's seconds over the records it stores (a gold position or a baseline
+    each), so the records a run stores as it goes tell how fast this machine is against the guess."""
+    out = {}
+    for (model, label), per_question in SECONDS_PER_QUESTION.items():
+        run = next(r for r in runs if r.label == label)
+        positions = {**settings[run.notebook], **run.parameters}["POSITIONS"]
+        out[f"{model}/{label}"] = per_question / (len(positions) + BASELINES[run.notebook])
+    return out
+
+
 TABLES = (("qa", 20, "02-qa-20"), ("qa", 30, "02-qa-30"), ("kv", 75, "01-kv-75"), ("kv", 140, "01-kv-140"))
 
 PROFILES = {
     "course": Profile("course", "the config cells as shipped: about 5 minutes a notebook on a 2-core CPU", {}),
     "paper": Profile(
         "paper", "the paper's shape on both packaged models at the sizes the primary contrasts need (a 2-core CPU)",
-        PAPER_SETTINGS, ("smollm2-135m", "gemma3-270m"), _runs(), TABLES, _expected(PAPER_SETTINGS)),
+        PAPER_SETTINGS, ("smollm2-135m", "gemma3-270m"), _runs(), TABLES, _expected(PAPER_SETTINGS),
+        _per_record(PAPER_SETTINGS, _runs())),
     "paper-gpu": Profile(
         "paper-gpu", "the paper's data with generation on 7B-class hub models (a GPU; `python -m litm fetch "
         "liu2023` first)", PAPER_GPU_SETTINGS, ("meta-llama/Llama-2-7b-chat-hf", "Qwen/Qwen2.5-7B-Instruct"),
