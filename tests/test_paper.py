@@ -450,8 +450,10 @@ def test_the_table_reads_the_studys_sweep_and_its_numbers_match_the_records(tmp_
                       "smollm2-135m/01-kv-75": {"partial_seconds": 9.0, "hardware": "a third CPU"}}
     text, used, long = paper.table(results, profiles.profile("paper"), ledger, models=["smollm2-135m"])
     assert len(used) == 1 and used[0].n_questions == 40
-    rows = [line for line in text.splitlines() if line.startswith("| smollm2-135m")]
-    accuracy, margin = (r.split(" | ") for r in rows)
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| smollm2-135m"))
+    accuracy, margin = (r.split(" | ") for r in lines[first:first + 2])
+    assert margin[0].strip() == "|" and margin[1] == "gold margin (nats)"  # the model named once, on its first row
     # accuracy at gold 1: the share of positive margins, with its Wilson interval
     k = int((truth[("documents", 0)] > 0).sum())
     lo, hi = sps.binomtest(k, 40).proportion_ci(method="wilson")
@@ -462,7 +464,8 @@ def test_the_table_reads_the_studys_sweep_and_its_numbers_match_the_records(tmp_
     assert margin[-3].startswith(f"{per_q.mean():+.2f} [{per_q.mean() - half:+.2f}, {per_q.mean() + half:+.2f}] nats")
     assert f"p = {sps.ttest_1samp(per_q, 0).pvalue:.2g}" in margin[-3]
     assert margin[-3].endswith("; excludes 0") and "excludes" not in accuracy[-3]  # margin is the primary measure
-    assert margin[-2] == "40" and margin[-1].strip(" |") == "12 min 34 s"
+    assert accuracy[-2] == "40" and accuracy[-1].strip(" |") == "12 min 34 s"
+    assert lines[first + 1].endswith("excludes 0 |  |  |")  # the same n and wall time, not said twice
     assert f"{truth[('oracle', None)].mean():+.2f}" == margin[8]
     assert "GPT-3.5-Turbo (0613), published" in text and "75.8%" in text and "+15.7 points" in text
     # the machines of the rows in the table, each once (a resumed run's too), not those of runs elsewhere
@@ -519,6 +522,10 @@ def test_the_summary_writes_the_table_report_figures_and_the_readme_block(tmp_pa
     body = readme.read_text()
     assert "STALE" not in body and body.endswith("<!-- paper-table -->\nafter\n")
     assert body.count("| gemma3-270m (bfloat16) | accuracy |") == 2  # QA at 20 and KV at 75
+    # a run of one model (`--models smollm2-135m`) rebuilds the table with the other's finished rows still in it
+    text = paper.summarize(profiles.profile("paper"), results, tmp_path / "reports", tmp_path / "figures",
+                           models=["smollm2-135m"])
+    assert text.count("| gemma3-270m (bfloat16) | accuracy |") == 2
 
 
 def test_the_overlay_draws_each_models_study_sweep_not_its_pilot(tmp_path, monkeypatch):

@@ -137,7 +137,8 @@ def _parser() -> argparse.ArgumentParser:
                                      "figure per task across them (make paper)")
     p.add_argument("--profile", default="paper", help="paper (the packaged models on a CPU), paper-gpu (hub models, "
                                                       "the paper's data) or course")
-    p.add_argument("--models", nargs="+", default=None, help="instead of the profile's models")
+    p.add_argument("--models", nargs="+", default=None,
+                   help="run these instead of the profile's models (the table keeps the profile's finished rows too)")
     p.add_argument("--only", nargs="+", default=None, help="notebook numbers or run labels, e.g. 02 01-kv-75")
     p.add_argument("--shard", type=_shard, default=None,
                    help="i/n: this job runs every n-th model from the i-th (a job array; no summary)")

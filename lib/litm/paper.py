@@ -527,13 +527,14 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
     position with 95% intervals (Wilson; t), closed-book and oracle, the middle penalty (t interval over questions,
     t-test p), n and the wall time of the run that made it (at least the records' scoring seconds); the paper's
     published numbers beside QA at 20 documents. A run the ledger has as unfinished is named below the table, not
-    put in it. `results`: a results folder, or the records `report.load_results` read from one. Returns the
-    markdown, the sweeps used and their per-position long table (`report.to_table`)."""
+    put in it. `results`: a results folder, or the records `report.load_results` read from one; `models` (a run's
+    `--models`) adds to the profile's, never hides them, so a run of one model keeps the others' finished rows.
+    Returns the markdown, the sweeps used and their per-position long table (`report.to_table`)."""
     from .report import analyse, load_results, to_table
 
     df = load_results(results) if isinstance(results, (str, Path)) else results
     reports = analyse(df)
-    models = list(models or prof.models)
+    models = list(dict.fromkeys([*prof.models, *(models or [])]))
     text, used, under_way, hosts = [], [], [], []
     for task, size, label in prof.tables:
         what = "Multi-document QA" if task == "qa" else "Key-value retrieval"
@@ -562,8 +563,12 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
             wall = "n/a" if not entry or "seconds" not in entry else (
                 _clock(entry["seconds"]) if entry["seconds"] >= scoring else f"≥ {_clock(scoring)}")
             dtype = r.config.get("dtype")
-            for row in _rows(r, wall, planned.get("PRIMARY"), planned.get("SMALLEST")):
+            rows = _rows(r, wall, planned.get("PRIMARY"), planned.get("SMALLEST"))
+            for i, row in enumerate(rows):
                 row[0] = f"{row[0]} ({dtype})" if dtype else row[0]
+                if i:  # a model's second measure: its name, n and wall time only where they differ from the first's
+                    row[:1] = [""] if row[0] == rows[0][0] else row[:1]
+                    row[-2:] = ["" if a == b else a for a, b in zip(row[-2:], rows[0][-2:])]
                 lines.append("| " + " | ".join(row) + " |")
             used.append(r)
         for p in PUBLISHED.get((task, size), []):
@@ -583,10 +588,10 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
                              + "; run `make paper` (or `python -m litm paper`) first.")
     if under_way:
         text.append(f"Under way, not in the table until they finish: {'; '.join(under_way)}.")
-    text.append(f"Hardware: {'; '.join(hosts) or 'not recorded'}. 95% intervals: Wilson for accuracy, t over questions "
-                "for margins and middle penalties (edges minus middle, paired; t-test p). The primary penalty is read "
-                "against the study's smallest effect of interest: excludes 0, within it (TOST), or neither. Wall "
-                "time: every attempt's (≥: the records' own scoring seconds, where a killed attempt lost its time).")
+    text.append(f"Hardware: {'; '.join(hosts) or 'not recorded'}. 95% intervals: Wilson (accuracy), t over questions "
+                "(margins; middle penalty = edges minus middle, paired t-test p). The primary penalty excludes 0, lies "
+                "within the smallest effect of interest (TOST), or neither. Wall time: all attempts (≥: the records' "
+                "scoring seconds, where a killed attempt lost its time).")
     return "\n\n".join(text) + "\n", used, to_table(used)
 
 
