@@ -565,10 +565,11 @@ def table(results, prof: Profile, ledger: Ledger, models=None) -> tuple[str, lis
             dtype = r.config.get("dtype")
             rows = _rows(r, wall, planned.get("PRIMARY"), planned.get("SMALLEST"))
             for i, row in enumerate(rows):
-                row[0] = f"{row[0]} ({dtype})" if dtype else row[0]
-                if i:  # a model's second measure: its name, n and wall time only where they differ from the first's
-                    row[:1] = [""] if row[0] == rows[0][0] else row[:1]
+                if i:  # the model's second measure: named on its first row; n and wall time only where they differ
+                    row[0] = ""
                     row[-2:] = ["" if a == b else a for a, b in zip(row[-2:], rows[0][-2:])]
+                elif dtype:
+                    row[0] = f"{row[0]} ({dtype})"
                 lines.append("| " + " | ".join(row) + " |")
             used.append(r)
         for p in PUBLISHED.get((task, size), []):
