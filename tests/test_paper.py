@@ -2,6 +2,7 @@
 table and figures from stored records."""
 import dataclasses
 import json
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from litm import SweepConfig, paper, profiles
+from litm import SweepConfig, paper, planning, profiles
 from litm.cli import main
 from litm.errors import ConfigError
 from litm.experiment import Sweep
@@ -356,6 +357,27 @@ def test_the_eta_takes_the_running_runs_pace_from_the_records_it_stores(monkeypa
     assert "ETA 18 min 20 s to 58 min 20 s; whole run 1 min 40 s in, ETA 20 min 20 s to 1 h 02 min" in bar.line()
 
 
+def test_once_the_pilot_has_planned_the_runs_eta_is_one_time(monkeypatch, tmp_path):
+    a, b = paper.jobs(profiles.profile("paper"), only=["02-qa-20"], root=ROOT)[0]
+    bar = paper.Progress([a, b], {a.key: (600.0, 1800.0), b.key: (60.0, 120.0)}, per_record={a.key: 2.0})
+    bar.plans = {a.key: tmp_path / "a.json", b.key: tmp_path / "b.json"}
+    now = [0.0]
+    monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
+    bar.started = bar.job_start = 0.0
+    bar.current = a
+    now[0] = 100.0
+    assert "ETA 8 min 20 s to 28 min 20 s;" in bar.line()  # no plan yet: the range
+    (tmp_path / "a.json").write_text('{"records": 450, "seconds": 2000.0}')  # 450 records at 2 s: 900 s
+    assert "ETA 13 min 20 s; whole run 1 min 40 s in, ETA 14 min 20 s to 15 min 20 s" in bar.line()
+    (tmp_path / "a.json").write_text('{"records": 900}')  # read once: a later write changes nothing
+    assert "ETA 13 min 20 s;" in bar.line()
+    bar.finish(a, 1800.0)  # twice the plan's 900 s: the machine is twice as slow
+    bar.current, bar.job_start = b, now[0]
+    (tmp_path / "b.json").write_text('{"records": 30, "seconds": 300.0}')  # no seconds a record known: the plan's
+    now[0] += 100.0
+    assert "ETA 3 min 20 s; whole run" in bar.line()  # 300 s of this machine's, 100 of them gone
+
+
 def test_a_resumed_runs_eta_counts_its_earlier_attempts_seconds(monkeypatch, tmp_path):
     prof = profiles.profile("paper")
     a, b = paper.jobs(prof, only=["02-qa-20"], root=ROOT, out=tmp_path)[0]
@@ -598,7 +620,17 @@ def test_the_paper_profile_runs_end_to_end_at_ci_sizes_and_resumes(tmp_path, cap
     todo, skipped = paper.jobs(prof, [model], overrides=overrides, root=ROOT, out=tmp_path)
     assert not skipped and {j.run.label for j in todo} == {r.label for r in prof.runs}
     ledger = paper.Ledger(tmp_path / "reports" / "paper" / "runs.json")
-    paper.run_jobs(prof, todo, ledger, progress=False)
+    told, finish = {}, paper.Progress.finish
+
+    def finished(bar, job, seconds):  # whether the notebook's kernel told the runner its plan
+        finish(bar, job, seconds)
+        told[job.run.label] = job.key not in bar.plans and len(set(bar.expected[job.key])) == 1
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(paper.Progress, "finish", finished)
+        paper.run_jobs(prof, todo, ledger, progress=False)
+    assert told == {r.label: r.notebook not in ("03", "06") for r in prof.runs}  # the notebooks that plan a size
+    assert planning.PLAN_FILE not in os.environ
     for j in todo:
         assert j.executed.is_file() and list((tmp_path / "figures" / "paper" / "tiny-llama" / j.run.label).glob("*.png"))
     text = paper.summarize(prof, tmp_path / "results", tmp_path / "reports" / "paper", tmp_path / "figures" / "paper",

@@ -1,5 +1,6 @@
 """Sizing a study by power from a pilot: the numbers come from statsmodels' power solver and a chi-square
 quantile computed here, not from `litm.stats`."""
+import json
 import math
 
 import numpy as np
@@ -37,6 +38,24 @@ def test_the_plan_takes_the_questions_a_paired_t_test_needs_on_the_upper_limit_o
     assert p.limit == max(10, p.needed) and p.pilot_n == 12
     assert p.seconds_per_question == pytest.approx(1.5)  # three prompts of 0.5 s each
     assert f"the study runs {p.limit}" in p.text
+
+
+def test_a_plan_tells_a_runner_that_asks_how_many_records_and_seconds_the_run_will_take(monkeypatch, tmp_path):
+    x = np.array([2.0, 0.5, 1.5, 3.0, -0.5, 1.0, 2.5, 0.0, 1.5, 2.0, 1.0, 0.5])
+    pilot = pilot_records(x, seconds=2.0)  # 12 questions x 3 prompts of 2 s
+    told = tmp_path / "plan.json"
+    monkeypatch.delenv(planning.PLAN_FILE, raising=False)
+    planning.plan(pilot, lambda d: planning.middle_penalties(d, "margin"), "margin", most=500)
+    assert not told.exists()  # nobody asked
+    monkeypatch.setenv(planning.PLAN_FILE, str(told))
+    p = planning.plan(pilot, lambda d: planning.middle_penalties(d, "margin"), "margin", most=500)
+    assert json.loads(told.read_text()) == pytest.approx({"records": 36 + 3 * p.limit, "seconds": 72 + 6 * p.limit})
+    # a study scoring more conditions than its pilot: its records per question as given
+    p = planning.plan(pilot, lambda d: planning.middle_penalties(d, "margin"), "margin", most=500,
+                      records_per_question=5)
+    assert json.loads(told.read_text()) == pytest.approx({"records": 36 + 5 * p.limit, "seconds": 72 + 10 * p.limit})
+    monkeypatch.setenv(planning.PLAN_FILE, str(tmp_path / "no-such-folder" / "plan.json"))  # cosmetic: no error
+    assert planning.plan(pilot, lambda d: planning.middle_penalties(d, "margin"), "margin", most=500).limit == p.limit
 
 
 def test_a_plan_beyond_the_budget_says_how_many_and_how_long():

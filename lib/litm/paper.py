@@ -16,6 +16,7 @@ import os
 import platform
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -279,7 +280,9 @@ class Progress:
     as expected), so the ETA learns this machine's speed. Once the run in progress has stored `LIVE_AFTER` records
     and its expected seconds a record are known (`per_record`), its own pace sets that scale instead: a run that
     takes hours corrects its ETA within minutes. A resumed run's `earlier` seconds (its earlier attempts', from the
-    ledger) count as spent on it."""
+    ledger) count as spent on it. Once the run's pilot has planned its size, the plan's file (`plans`, the job's
+    key to the path given the notebook as `planning.PLAN_FILE`) turns its range into one time: the records it
+    will store at the expected seconds a record, or, where those are not known, the plan's own seconds."""
 
     LIVE_AFTER = 10
 
@@ -298,15 +301,29 @@ class Progress:
         self.records, self.records_before = records, 0  # `records()`: records stored now (a `Records`)
         self.earlier = {k: v for k, v in (earlier or {}).items() if v > 0}
         self.per_record = {k: v for k, v in (per_record or {}).items() if v > 0}
+        self.plans: dict = {}  # a job's key -> the file its plan is written to (read once, then dropped)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._tick, daemon=True)
 
     def ratio(self) -> float:
         return self.spent / self.planned if self.planned else 1.0
 
+    def _read_plan(self) -> None:
+        key = self.current.key if self.current else None
+        try:
+            told = json.loads(Path(self.plans[key]).read_text())
+        except (KeyError, OSError, ValueError):  # none asked for, or not planned yet
+            return
+        del self.plans[key]
+        if self.per_record.get(key) and told.get("records"):
+            self.expected[key] = (told["records"] * self.per_record[key],) * 2
+        elif told.get("seconds"):  # this machine's seconds: as a guess, they are scaled back by the learnt speed
+            self.expected[key] = (told["seconds"] / self.ratio(),) * 2
+
     def line(self) -> str:
         if self.current is None:
             return ""
+        self._read_plan()
         now = time.perf_counter()
         in_run = now - self.job_start
         made = self.records() - self.records_before if self.records else 0
@@ -335,6 +352,7 @@ class Progress:
         print(self.line(), file=self.stream, flush=True)
 
     def finish(self, job: Job, seconds: float):
+        self._read_plan()  # the run's size, where it planned one and no line has read it yet
         self.spent += seconds
         low, high = self.expected[job.key]  # a run inside its range says nothing of the machine's speed
         self.planned += min(max(seconds, low), high)
@@ -401,6 +419,7 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
     """Execute each job not in the ledger (same parameters), recording each as it finishes (and its seconds so
     far every `save_every` seconds while it runs)."""
     from .notebooks import execute
+    from .planning import PLAN_FILE
 
     def stop(signum, frame):  # a batch system's SIGTERM unwinds like Ctrl-C: the run's seconds so far are kept
         raise SystemExit(128 + signum)
@@ -421,8 +440,10 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
                    per_record={k: factor * v for k, v in prof.per_record.items()})
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop) if main else None
+    told = tempfile.TemporaryDirectory(prefix="litm-plans-")
     try:
-        for j in pending:
+        for n, j in enumerate(pending):
+            bar.plans[j.key] = os.environ[PLAN_FILE] = str(Path(told.name) / f"{n}.json")
             bar.start(j)
             clock = _Clock(ledger, j, save_every)
             # papermill writes the copy as it goes: it takes the run's name only once the run has finished
@@ -440,6 +461,8 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
             bar.finish(j, ledger.entries[j.key]["seconds"])
     finally:
         bar.close()
+        os.environ.pop(PLAN_FILE, None)
+        told.cleanup()
         if main:
             signal.signal(signal.SIGTERM, previous)
     return ledger.entries

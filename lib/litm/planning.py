@@ -11,7 +11,9 @@ After the study, `conclusion` reads its interval against the same smallest effec
 large as it (an equivalence test), or too few questions to tell."""
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +22,9 @@ import numpy as np
 
 from . import stats
 from .errors import ConfigError, StatsError
+
+# Where a plan tells the runner of a long job (`paper.run_jobs`) the size it picked, for the job's ETA.
+PLAN_FILE = "LITM_PLAN_FILE"
 
 # The measures each scoring records (`stats.measures_in` reads them off the records).
 SCORED = {"choice": ("accuracy", "loglik", "margin"), "loglik": ("loglik",), "generate": ("accuracy",)}
@@ -174,11 +179,28 @@ def plan(pilot, effect: Callable[[object], np.ndarray], m: str | stats.Measure, 
     needed = stats.questions_needed(planned, upper, alpha, power) if planned > 0 and sd > 0 else None
     ok = pilot[pilot["status"] == "ok"] if "status" in pilot else pilot
     spent = [c for c in ("latency_s", "seconds") if c in ok]  # scoring, and compression where there is any
-    per_record = float(ok[spent].fillna(0).to_numpy().sum()) / len(ok) if spent and len(ok) else math.nan
-    per_question = per_record * (records_per_question if records_per_question is not None else len(ok) / x.size)
+    seconds = float(ok[spent].fillna(0).to_numpy().sum()) if spent else math.nan
+    per_record = seconds / len(ok) if spent and len(ok) else math.nan
+    records = records_per_question if records_per_question is not None else len(ok) / x.size
+    per_question = per_record * records
     limit = most if needed is None else min(most, max(least, needed))
+    _tell_runner(len(ok) + limit * records, seconds + limit * per_question)
     return Plan(m, what, int(x.size), mean, sd, upper, smallest, planned, needed, limit, per_question, held_out,
                 alpha, power)
+
+
+def _tell_runner(records, seconds) -> None:
+    """Write the records the run will have stored (pilot and study) and their expected seconds where the runner
+    asked for them (the `PLAN_FILE` environment variable), so its ETA is one time, not a range; cosmetic, so a
+    failure to write is ignored."""
+    path = os.environ.get(PLAN_FILE)
+    if not path:
+        return
+    told = {k: v for k, v in (("records", records), ("seconds", seconds)) if v is not None and v == v}
+    try:
+        Path(path).write_text(json.dumps(told))
+    except OSError:
+        pass
 
 
 def conclusion(values, m: str | stats.Measure, smallest: float, what: str = "the effect") -> str:
