@@ -160,9 +160,12 @@ def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tm
     job = todo[0]
     now = [0.0]
     monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
+    stored = [1000]  # records already in the results folders (other runs'), then this run's
+    monkeypatch.setattr(paper, "Records", lambda roots: lambda: stored[0])
 
     def stopped(source, out, *args, name, **kwargs):
         now[0] += 700.0
+        stored[0] += 40
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / name).write_text('{"half": "written"}')
         raise KeyboardInterrupt
@@ -178,6 +181,7 @@ def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tm
         paper.run_jobs(prof, [job], ledger, progress=False)
     entry = json.loads((tmp_path / "runs.json").read_text())[job.key]
     assert entry["partial_seconds"] == 700.0 and entry["attempts"] == 1 and "seconds" not in entry
+    assert entry["partial_records"] == 40 and paper.Ledger(tmp_path / "runs.json").stored(job) == 40
     assert not paper.Ledger(tmp_path / "runs.json").done(job)
     # the half-written copy is kept aside under a name git ignores, never under the run's own
     assert not job.executed.exists() and job.executed.with_suffix(".stopped.ipynb").read_text() == '{"half": "written"}'
@@ -187,7 +191,7 @@ def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tm
     entry = json.loads((tmp_path / "runs.json").read_text())[job.key]
     assert entry["seconds"] == 1200.0 and entry["attempts"] == 2 and "partial_seconds" not in entry
     assert entry["hardware"] == "Xeon, 2 cores; EPYC, 2 cores"
-    assert paper.Ledger(tmp_path / "runs.json").done(job)
+    assert paper.Ledger(tmp_path / "runs.json").done(job) and paper.Ledger(tmp_path / "runs.json").stored(job) == 0
     changed = replace(job, parameters={**job.parameters, "MOST": 5})  # other parameters start the count again
     paper.Ledger(tmp_path / "runs.json").record(changed, 30.0, finished=False)
     assert json.loads((tmp_path / "runs.json").read_text())[job.key]["partial_seconds"] == 30.0
@@ -300,8 +304,8 @@ def test_the_eta_starts_from_the_profiles_seconds_times_this_cpus_measured_slowd
     class Expected(Exception):
         pass
 
-    def bar(self, todo, expected, stream, records, earlier, per_record):  # what the progress line expects, caught
-        raise Expected(expected, per_record)                                # before anything runs
+    def bar(self, todo, expected, stream, records, earlier, per_record, stored):  # what the progress line expects,
+        raise Expected(expected, per_record)                                        # caught before anything runs
 
     prof = profiles.profile("paper")
     job = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT, out=tmp_path)[0][0]
@@ -376,6 +380,32 @@ def test_once_the_pilot_has_planned_the_runs_eta_is_one_time(monkeypatch, tmp_pa
     (tmp_path / "b.json").write_text('{"records": 30, "seconds": 300.0}')  # no seconds a record known: the plan's
     now[0] += 100.0
     assert "ETA 3 min 20 s; whole run" in bar.line()  # 300 s of this machine's, 100 of them gone
+
+
+def test_a_resumed_runs_eta_is_the_records_left_at_todays_pace(monkeypatch, tmp_path):
+    a, b = paper.jobs(profiles.profile("paper"), only=["02-qa-20"], root=ROOT, out=tmp_path)[0]
+    ledger = paper.Ledger(tmp_path / "runs.json")
+    ledger.record(a, 3000.0, finished=False, records=300)  # earlier attempts: 300 records at 10 s
+    ledger.record(a, 1000.0, finished=False, new_attempt=False, records=100)
+    assert ledger.stored(a) == 400 and ledger.stored(b) == 0
+    ledger.entries[b.key] = {**ledger.entries[a.key], "digest": b.digest}
+    del ledger.entries[b.key]["partial_records"]  # saved before the ledger counted records
+    assert ledger.stored(b) is None
+    stored = [5000]
+    bar = paper.Progress([a], {a.key: (600.0, 1800.0)}, records=lambda: stored[0], per_record={a.key: 2.0},
+                         earlier={a.key: ledger.spent(a)}, stored={a.key: ledger.stored(a)})
+    bar.plans = {a.key: tmp_path / "a.json"}
+    (tmp_path / "a.json").write_text('{"records": 1000, "seconds": 9000.0}')
+    now = [0.0]
+    monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
+    bar.start(a)
+    now[0] = 50.0
+    stored[0] += 5  # too few for a pace: 595 left at the expected 2 s a record
+    assert "ETA 19 min 50 s;" in bar.line()
+    now[0], stored[0] = 300.0, stored[0] + 10  # today 20 s a record, twice the earlier attempts' 10 s
+    # 585 records left at 20 s, not (1000 records at 20 s) less the 4000 s the earlier attempts took at 10 s
+    assert "ETA 3 h 15 min; whole run" in bar.line()
+    bar.close()
 
 
 def test_a_resumed_runs_eta_counts_its_earlier_attempts_seconds(monkeypatch, tmp_path):

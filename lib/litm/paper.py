@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import signal
@@ -190,9 +191,10 @@ class Ledger:
     """`runs.json`: each finished run with its parameters' digest, seconds, hardware and time. Each record rereads
     the file under a lock and writes it whole through a temporary file, so the jobs of an array share one ledger
     and no job's entry is lost. A run stopped part way (Ctrl-C, a batch system's SIGTERM) leaves its seconds so
-    far; its finished entry's `seconds` add up every attempt (`attempts` counts them), and `hardware` names each
-    machine an attempt ran on.  A running run saves its seconds every few minutes too (`run_jobs`), so one killed
-    outright (SIGKILL, a machine taken away) loses only the minutes since its last save."""
+    far (and the records it stored, `partial_records`, for the rerun's ETA); its finished entry's `seconds` add up
+    every attempt (`attempts` counts them), and `hardware` names each machine an attempt ran on.  A running run
+    saves its seconds every few minutes too (`run_jobs`), so one killed outright (SIGKILL, a machine taken away)
+    loses only the minutes since its last save."""
 
     def __init__(self, path: Path):
         self.path = Path(path).absolute()  # papermill runs a notebook from its folder: saves while it runs go here
@@ -206,15 +208,23 @@ class Ledger:
         e = self.entries.get(job.key, {})
         return float(e.get("partial_seconds", 0.0)) if e.get("digest") == job.digest and "seconds" not in e else 0.0
 
+    def stored(self, job: Job) -> int | None:
+        """The records earlier attempts of this unfinished run have stored, 0 for a new one; None where they were
+        not counted (an entry saved before the ledger counted them)."""
+        e = self.entries.get(job.key, {})
+        if e.get("digest") != job.digest or "seconds" in e or not e.get("partial_seconds"):
+            return 0
+        return e.get("partial_records")
+
     def done(self, job: Job) -> bool:
         e = self.entries.get(job.key)
         return bool(e) and "seconds" in e and e.get("digest") == job.digest and job.executed.is_file()
 
     def record(self, job: Job, seconds: float, finished: bool = True, new_attempt: bool = True,
-               running: bool = False) -> None:
-        """Add `seconds` to the job's entry; `new_attempt` False: more of an attempt already counted; `running`:
-        a save while it runs (the entry's `running` is then the time it was last seen running, `stopped` the time
-        it stopped)."""
+               running: bool = False, records: int = 0) -> None:
+        """Add `seconds` (and the `records` stored in them) to the job's entry; `new_attempt` False: more of an
+        attempt already counted; `running`: a save while it runs (the entry's `running` is then the time it was
+        last seen running, `stopped` the time it stopped)."""
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +241,9 @@ class Ledger:
                 entry = {"seconds": round(spent, 1), "attempts": attempts,
                          "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
             else:
+                counted = before.get("partial_records", 0 if not before else None)  # None: not counted before
                 entry = {"partial_seconds": round(spent, 1), "attempts": attempts,
+                         **({"partial_records": counted + records} if counted is not None else {}),
                          "running" if running else "stopped": time.strftime("%Y-%m-%d %H:%M:%S")}
             self.entries[job.key] = {"digest": job.digest, **entry, "hardware": "; ".join(hosts),
                                      "notebook": str(job.executed),
@@ -282,12 +294,16 @@ class Progress:
     takes hours corrects its ETA within minutes. A resumed run's `earlier` seconds (its earlier attempts', from the
     ledger) count as spent on it. Once the run's pilot has planned its size, the plan's file (`plans`, the job's
     key to the path given the notebook as `planning.PLAN_FILE`) turns its range into one time: the records it
-    will store at the expected seconds a record, or, where those are not known, the plan's own seconds."""
+    will store at the expected seconds a record, or, where those are not known, the plan's own seconds. Where
+    the ledger counted the records its earlier attempts stored (`stored`), the run's ETA is the records still to
+    store at this attempt's own pace (once `LIVE_AFTER` are stored; until then the expected seconds a record, or
+    the plan's), so a resumed run's ETA does not hang on its earlier attempts having run at today's pace."""
 
     LIVE_AFTER = 10
 
     def __init__(self, todo: list[Job], expected: dict, stream=sys.stderr, every: float | None = None,
-                 records=None, earlier: dict | None = None, per_record: dict | None = None):
+                 records=None, earlier: dict | None = None, per_record: dict | None = None,
+                 stored: dict | None = None):
         spans = {k: (v, v) if isinstance(v, (int, float)) else tuple(v) for k, v in expected.items()}
         known = [spans[j.key] for j in todo if j.key in spans]
         default = tuple(sum(s[i] for s in known) / len(known) for i in (0, 1)) if known else (600.0, 600.0)
@@ -301,7 +317,9 @@ class Progress:
         self.records, self.records_before = records, 0  # `records()`: records stored now (a `Records`)
         self.earlier = {k: v for k, v in (earlier or {}).items() if v > 0}
         self.per_record = {k: v for k, v in (per_record or {}).items() if v > 0}
+        self.stored = {k: v for k, v in (stored or {}).items() if v is not None}  # None: not counted
         self.plans: dict = {}  # a job's key -> the file its plan is written to (read once, then dropped)
+        self.told: dict = {}  # a job's key -> what its plan said (records, seconds)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._tick, daemon=True)
 
@@ -315,26 +333,37 @@ class Progress:
         except (KeyError, OSError, ValueError):  # none asked for, or not planned yet
             return
         del self.plans[key]
+        self.told[key] = told
         if self.per_record.get(key) and told.get("records"):
             self.expected[key] = (told["records"] * self.per_record[key],) * 2
         elif told.get("seconds"):  # this machine's seconds: as a guess, they are scaled back by the learnt speed
             self.expected[key] = (told["seconds"] / self.ratio(),) * 2
 
+    def made(self) -> int:
+        """The records stored since the run in progress started."""
+        return self.records() - self.records_before if self.records else 0
+
     def line(self) -> str:
         if self.current is None:
             return ""
         self._read_plan()
+        key = self.current.key
         now = time.perf_counter()
         in_run = now - self.job_start
-        made = self.records() - self.records_before if self.records else 0
-        live = self.per_record.get(self.current.key)
+        made = self.made()
+        live = self.per_record.get(key)
         r = in_run / made / live if live and made >= self.LIVE_AFTER else self.ratio()
-        before = self.earlier.get(self.current.key, 0.0)
+        before = self.earlier.get(key, 0.0)
+        run = [max(0.0, self.expected[key][k] * r - before - in_run) for k in (0, 1)]
+        told = self.told.get(key, {})
+        if told.get("records") and key in self.stored:  # the records still to store, at this attempt's pace
+            pace = (in_run / made if made >= self.LIVE_AFTER else live * self.ratio() if live
+                    else told.get("seconds", math.nan) / told["records"])
+            if pace == pace:
+                run = [max(0.0, told["records"] - self.stored[key] - made) * pace] * 2
         i = self.todo.index(self.current)
-        left = [max(0.0, self.expected[self.current.key][k] * r - before - in_run)
-                + sum(max(0.0, self.expected[j.key][k] * r - self.earlier.get(j.key, 0.0))
-                      for j in self.todo[i + 1:]) for k in (0, 1)]
-        run = [max(0.0, self.expected[self.current.key][k] * r - before - in_run) for k in (0, 1)]
+        left = [run[k] + sum(max(0.0, self.expected[j.key][k] * r - self.earlier.get(j.key, 0.0))
+                             for j in self.todo[i + 1:]) for k in (0, 1)]
         return (f"[{i + 1}/{len(self.todo)}] {self.current.key}: {_clock(in_run)} in"
                 + (f" (+ {_clock(before)} in earlier attempts)" if before else "") + f", ETA {_span(*run)}; "
                 f"whole run {_clock(now - self.started)} in, ETA {_span(*left)}"
@@ -368,8 +397,9 @@ class _Clock:
     """A running job's seconds, saved to the ledger as it starts, every `every` seconds and when it ends (each
     save adds the seconds since the last; the first counts the attempt)."""
 
-    def __init__(self, ledger: Ledger, job: Job, every: float):
+    def __init__(self, ledger: Ledger, job: Job, every: float, made=lambda: 0):
         self.ledger, self.job, self.t0, self.saved = ledger, job, time.perf_counter(), 0.0
+        self.made, self.saved_records = made, 0  # `made()`: the records this attempt has stored so far
         self.counted = self.ended = False
         self._lock, self._stop = threading.Lock(), threading.Event()
         self.save(finished=False, last=False)  # in the ledger from its first second: its records so far are no row
@@ -384,10 +414,10 @@ class _Clock:
         with self._lock:
             if self.ended:
                 return
-            spent = time.perf_counter() - self.t0
+            spent, made = time.perf_counter() - self.t0, self.made()
             self.ledger.record(self.job, spent - self.saved, finished=finished, new_attempt=not self.counted,
-                               running=not last)
-            self.saved, self.counted, self.ended = spent, True, last
+                               running=not last, records=made - self.saved_records)
+            self.saved, self.saved_records, self.counted, self.ended = spent, made, True, last
         if last:
             self._stop.set()
 
@@ -437,7 +467,8 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
     bar = Progress(pending, {k: tuple(factor * x for x in (v if isinstance(v, tuple) else (v, v)))
                              for k, v in prof.seconds.items()}, stream=stream, records=Records(roots),
                    earlier={j.key: ledger.spent(j) for j in pending},
-                   per_record={k: factor * v for k, v in prof.per_record.items()})
+                   per_record={k: factor * v for k, v in prof.per_record.items()},
+                   stored={j.key: ledger.stored(j) for j in pending})
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop) if main else None
     told = tempfile.TemporaryDirectory(prefix="litm-plans-")
@@ -445,7 +476,7 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
         for n, j in enumerate(pending):
             bar.plans[j.key] = os.environ[PLAN_FILE] = str(Path(told.name) / f"{n}.json")
             bar.start(j)
-            clock = _Clock(ledger, j, save_every)
+            clock = _Clock(ledger, j, save_every, bar.made)
             # papermill writes the copy as it goes: it takes the run's name only once the run has finished
             running = j.executed.with_suffix(".running.ipynb")
             try:
