@@ -161,7 +161,7 @@ def test_a_stopped_run_keeps_its_seconds_and_the_rerun_adds_them(monkeypatch, tm
     now = [0.0]
     monkeypatch.setattr(paper.time, "perf_counter", lambda: now[0])
     stored = [1000]  # records already in the results folders (other runs'), then this run's
-    monkeypatch.setattr(paper, "Records", lambda roots: lambda: stored[0])
+    monkeypatch.setattr(paper, "Records", lambda roots, model: lambda: stored[0])
 
     def stopped(source, out, *args, name, **kwargs):
         now[0] += 700.0
@@ -304,8 +304,8 @@ def test_the_eta_starts_from_the_profiles_seconds_times_this_cpus_measured_slowd
     class Expected(Exception):
         pass
 
-    def bar(self, todo, expected, stream, records, earlier, per_record, stored):  # what the progress line expects,
-        raise Expected(expected, per_record)                                        # caught before anything runs
+    def bar(self, todo, expected, stream, earlier, per_record, stored):  # what the progress line expects, caught
+        raise Expected(expected, per_record)                               # before anything runs
 
     prof = profiles.profile("paper")
     job = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT, out=tmp_path)[0][0]
@@ -451,6 +451,27 @@ def test_progress_counts_the_records_a_run_stores(monkeypatch, tmp_path):
     (tmp_path / "results" / "b2" / "records.jsonl").write_text('{"n": 3}\n' * 2)
     assert bar.line().endswith("; 6 records stored in this run, 20 s each")
     bar.close()
+
+
+def test_a_runs_records_are_its_models_so_an_arrays_jobs_do_not_count_each_others(tmp_path):
+    def folder(name, model, n):
+        (tmp_path / name).mkdir()
+        if model:
+            (tmp_path / name / "manifest.json").write_text(json.dumps({"config": {"model": model}}))
+        (tmp_path / name / "records.jsonl").write_text('{"n": 1}\n' * n)
+
+    folder("a", "gemma3-270m", 3)
+    folder("b", "smollm2-135m", 5)  # another job of the array, writing beside it
+    folder("c", None, 7)  # its manifest not written yet
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "manifest.json").write_text("[1, 2]")  # not a litm manifest
+    (tmp_path / "d" / "records.jsonl").write_text('{"n": 1}\n' * 11)
+    gemma = paper.Records([tmp_path], "gemma3-270m")
+    assert (gemma(), paper.Records([tmp_path], "smollm2-135m")(), paper.Records([tmp_path])()) == (3, 5, 26)
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps({"config": {"model": "gemma3-270m"}}))
+    with open(tmp_path / "a" / "records.jsonl", "a") as fh:
+        fh.write('{"n": 2}\n')
+    assert gemma() == 3 + 1 + 7
 
 
 def test_progress_redraws_a_terminal_line_and_appends_to_a_log_file():

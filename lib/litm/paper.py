@@ -267,13 +267,26 @@ def _span(low: float, high: float) -> str:
 
 
 class Records:
-    """How many records the results folders under `roots` hold now (each file recounted only when it has grown)."""
+    """How many records the results folders under `roots` hold now (each file recounted only when it has grown);
+    with `model`, only the folders whose manifest names that model, so the jobs of an array (a model each) sharing
+    one results folder do not count each other's records (a folder of another model a run makes, notebook 07's
+    second model's, is not counted either)."""
 
-    def __init__(self, roots):
-        self.roots, self._seen = [Path(r) for r in roots], {}
+    def __init__(self, roots, model: str | None = None):
+        self.roots, self.model, self._seen, self._ours = [Path(r) for r in roots], model, {}, {}
+
+    def _counts(self, f: Path) -> bool:
+        if self.model is None:
+            return True
+        if f not in self._ours:
+            try:
+                self._ours[f] = json.loads((f.parent / "manifest.json").read_text())["config"]["model"] == self.model
+            except (OSError, ValueError, KeyError, TypeError):  # not written yet, or not a litm manifest
+                return False
+        return self._ours[f]
 
     def __call__(self) -> int:
-        files = {f for r in self.roots if r.is_dir() for f in r.rglob("records.jsonl")}
+        files = {f for r in self.roots if r.is_dir() for f in r.rglob("records.jsonl") if self._counts(f)}
         for f in files:
             size = f.stat().st_size
             if self._seen.get(f, (None,))[0] != size:
@@ -465,7 +478,7 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
     roots = {(j.source.parent / folder).resolve() for j in pending
              if (folder := j.parameters.get("RESULTS_DIR", j.settings.get("RESULTS_DIR")))}
     bar = Progress(pending, {k: tuple(factor * x for x in (v if isinstance(v, tuple) else (v, v)))
-                             for k, v in prof.seconds.items()}, stream=stream, records=Records(roots),
+                             for k, v in prof.seconds.items()}, stream=stream,
                    earlier={j.key: ledger.spent(j) for j in pending},
                    per_record={k: factor * v for k, v in prof.per_record.items()},
                    stored={j.key: ledger.stored(j) for j in pending})
@@ -475,6 +488,7 @@ def run_jobs(prof: Profile, todo: list[Job], ledger: Ledger, progress: bool = Tr
     try:
         for n, j in enumerate(pending):
             bar.plans[j.key] = os.environ[PLAN_FILE] = str(Path(told.name) / f"{n}.json")
+            bar.records = Records(roots, j.model)
             bar.start(j)
             clock = _Clock(ledger, j, save_every, bar.made)
             # papermill writes the copy as it goes: it takes the run's name only once the run has finished
