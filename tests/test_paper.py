@@ -51,6 +51,7 @@ def test_the_paper_profile_has_the_papers_shape():
     assert runs["02-qa-30"].parameters["POSITIONS"] == (0, 4, 9, 14, 19, 24, 29)
     assert runs["01-kv-140"].parameters["POSITIONS"] == (0, 34, 69, 104, 139)
     assert s["01"]["LEAST"] >= 100 and s["02"]["LEAST"] >= 100
+    assert runs["01-kv-140"].parameters["MOST"] == 100  # the floor, declared before the run (docs/paper.md)
 
 
 def test_a_profile_keeps_the_values_you_set(capsys):
