@@ -410,7 +410,7 @@ class _Clock:
     """A running job's seconds, saved to the ledger as it starts, every `every` seconds and when it ends (each
     save adds the seconds since the last; the first counts the attempt)."""
 
-    def __init__(self, ledger: Ledger, job: Job, every: float, made=lambda: 0):
+    def __init__(self, ledger: Ledger, job: Job, every: float, made):
         self.ledger, self.job, self.t0, self.saved = ledger, job, time.perf_counter(), 0.0
         self.made, self.saved_records = made, 0  # `made()`: the records this attempt has stored so far
         self.counted = self.ended = False
