@@ -41,6 +41,8 @@ def test_every_value_a_profile_sets_is_one_the_notebook_declares(name):
         assert set(profiles.settings(name, nb)) <= set(profiles.shipped_defaults(nb))
     for run in prof.runs:
         assert set(run.parameters) <= set(profiles.shipped_defaults(run.notebook)), run.label
+        for values in run.by_model.values():
+            assert set(values) <= set(profiles.shipped_defaults(run.notebook)), run.label
 
 
 def test_the_paper_profile_has_the_papers_shape():
@@ -52,6 +54,18 @@ def test_the_paper_profile_has_the_papers_shape():
     assert runs["01-kv-140"].parameters["POSITIONS"] == (0, 34, 69, 104, 139)
     assert s["01"]["LEAST"] >= 100 and s["02"]["LEAST"] >= 100
     assert runs["01-kv-140"].parameters["MOST"] == 100  # the floor, declared before the run (docs/paper.md)
+
+
+def test_gemma_at_75_pairs_is_capped_at_the_floor_and_smollm2s_finished_run_stays_done():
+    prof = profiles.profile("paper")
+    smollm2, gemma = paper.jobs(prof, only=["01-kv-75"], root=ROOT)[0]
+    assert gemma.model == "gemma3-270m" and gemma.parameters["MOST"] == 100  # declared before it ran (docs/paper.md)
+    assert "MOST" not in smollm2.parameters and smollm2.settings["MOST"] == 400
+    # the committed ledger's finished SmolLM2 run has this digest: a cap for Gemma alone must not rerun it
+    assert json.loads((ROOT / "reports/paper/runs.json").read_text())[smollm2.key]["digest"] == smollm2.digest
+    s = prof.settings["01"]
+    per_q = profiles.SECONDS_PER_QUESTION[(gemma.model, "01-kv-75")]
+    assert prof.seconds[gemma.key] == pytest.approx((per_q * (s["PILOT"] + 100),) * 2)  # the ETA knows the cap
 
 
 def test_a_profile_keeps_the_values_you_set(capsys):

@@ -141,7 +141,7 @@ def jobs(prof: Profile, models=None, only=None, shard=None, overrides=None, root
             declared_names = declared(found[0])
             folder = Path(prof.name) / slug(m) / run.label
             where = {"FIGURES_DIR": base / "figures" / folder, "REPORT_DIR": base / "reports" / folder}
-            params = {"PROFILE": prof.name, "MODEL": m, **run.parameters,
+            params = {"PROFILE": prof.name, "MODEL": m, **run.parameters, **run.by_model.get(m, {}),
                       **{k: os.path.relpath(v, notebooks) for k, v in where.items() if k in declared_names}}
             for key, value in (overrides or {}).items():  # NAME: every notebook declaring it; "NN.NAME": notebook NN
                 nb, _, name = key.rpartition(".")
