@@ -129,12 +129,14 @@ def _per_record(settings: dict, runs: tuple[Run, ...]) -> dict:
 
 TABLES = (("qa", 20, "02-qa-20"), ("qa", 30, "02-qa-30"), ("kv", 75, "01-kv-75"), ("kv", 140, "01-kv-140"))
 
+PAPER_RUNS = _runs()
+
 PROFILES = {
     "course": Profile("course", "the config cells as shipped: about 5 minutes a notebook on a 2-core CPU", {}),
     "paper": Profile(
         "paper", "the paper's shape on both packaged models at the sizes the primary contrasts need (a 2-core CPU)",
-        PAPER_SETTINGS, ("smollm2-135m", "gemma3-270m"), _runs(), TABLES, _expected(PAPER_SETTINGS, _runs()),
-        _per_record(PAPER_SETTINGS, _runs())),
+        PAPER_SETTINGS, ("smollm2-135m", "gemma3-270m"), PAPER_RUNS, TABLES, _expected(PAPER_SETTINGS, PAPER_RUNS),
+        _per_record(PAPER_SETTINGS, PAPER_RUNS)),
     "paper-gpu": Profile(
         "paper-gpu", "the paper's data with generation on 7B-class hub models (a GPU; `python -m litm fetch "
         "liu2023` first)", PAPER_GPU_SETTINGS, ("meta-llama/Llama-2-7b-chat-hf", "Qwen/Qwen2.5-7B-Instruct"),
