@@ -313,7 +313,7 @@ def main() -> int:
         dtypes.append("bfloat16")
     else:
         print("This CPU has no bfloat16 matrix units: torch would emulate bfloat16 (30-200x slower than float32 on "
-              "a 2-core AVX2 CPU), so bfloat16 is skipped; --force-bfloat16 runs it anyway.")
+              "a 2-core AVX2 CPU, 3-4x on an AVX-512 one), so bfloat16 is skipped; --force-bfloat16 runs it anyway.")
     lms = {(m, dt): load_model(m, device="cpu", dtype=dt) for m in MODELS for dt in dtypes
            if set(only) & {"peak", "prefill", "scoring", "settings", "profile"}}
     best = {}

@@ -131,7 +131,8 @@ def test_a_model_path_becomes_a_folder_name():
     assert paper.slug("/tmp/x/tiny-llama") == "tiny-llama" and paper.slug("gemma3-270m") == "gemma3-270m"
 
 
-def test_the_paper_profile_pins_bfloat16_and_a_cpu_that_would_emulate_it_stops_before_anything_runs(monkeypatch):
+def test_the_paper_profile_pins_bfloat16_and_a_cpu_that_emulates_it_slowly_stops_before_anything_runs(
+        monkeypatch, capsys):
     import torch
 
     import litm.models
@@ -141,10 +142,15 @@ def test_the_paper_profile_pins_bfloat16_and_a_cpu_that_would_emulate_it_stops_b
     todo, _ = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(litm.models, "cpu_bfloat16_units", lambda: None)
-    with pytest.raises(ConfigError, match="no bfloat16 units.*-p DTYPE float32"):
+    monkeypatch.setattr(litm.models, "bfloat16_speedup", lambda: 0.02)  # the AVX2 EPYC's emulation
+    with pytest.raises(ConfigError, match=r"no bfloat16 units.*0\.02x float32's speed.*-p DTYPE float32"):
         paper.check_dtype(prof, todo)
     own, _ = paper.jobs(prof, only=["02-qa-20"], models=["smollm2-135m"], root=ROOT, overrides={"DTYPE": "float32"})
     paper.check_dtype(prof, own)  # float32 asked for: runs
+    monkeypatch.setattr(litm.models, "bfloat16_speedup", lambda: 0.28)  # the AVX-512 Xeon's emulation: runs, noted
+    paper.check_dtype(prof, todo)
+    assert "0.28x float32's speed" in capsys.readouterr().err
+    monkeypatch.setattr(litm.models, "bfloat16_speedup", lambda: pytest.fail("units need no timing"))
     monkeypatch.setattr(litm.models, "cpu_bfloat16_units", lambda: "AVX512-BF16")
     paper.check_dtype(prof, todo)  # a CPU with bfloat16 units: runs
 
@@ -759,3 +765,16 @@ def test_git_keeps_the_paper_records_and_ledger_but_not_half_runs_or_locks():
     out = subprocess.run(["git", "check-ignore", "--no-index", *kept, *ignored], cwd=ROOT, capture_output=True,
                          text=True).stdout.split()
     assert sorted(out) == sorted(ignored)
+
+
+def test_the_hardware_names_the_cpus_bfloat16_units_or_their_emulation(monkeypatch):
+    import torch
+
+    import litm.models
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(litm.models, "cpu_bfloat16_units", lambda: "AMX")
+    assert paper.hardware().endswith(" cores, AMX")
+    monkeypatch.setattr(litm.models, "cpu_bfloat16_units", lambda: None)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert paper.hardware().endswith(" cores, bfloat16 emulated (AVX512)")

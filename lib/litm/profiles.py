@@ -22,7 +22,7 @@ QA30 = {"NUM_DOCS": 30, "POSITIONS": (0, 4, 9, 14, 19, 24, 29), "SENTENCES": PAP
 KV75 = {"NUM_PAIRS": 75, "POSITIONS": (0, 24, 49, 74)}
 KV140 = {"NUM_PAIRS": 140, "POSITIONS": (0, 34, 69, 104, 139)}
 # bfloat16 wherever the paper profile runs: its records are committed and a run resumes on whatever machine comes
-# next, so the dtype is not left to each CPU (`paper.check_dtype` stops one that would emulate bfloat16)
+# next, so the dtype is not left to each CPU (`paper.check_dtype` stops one that would emulate bfloat16 too slowly)
 PAPER_DTYPE = {"DTYPE": "bfloat16"}
 PAPER_RESULTS = {"RESULTS_DIR": "../results/paper", **PAPER_DTYPE}
 LIU = "../data/liu2023"
