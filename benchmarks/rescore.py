@@ -49,8 +49,8 @@ def rescore(folder: Path, n: int, out: Path) -> list[tuple[dict, dict]]:
         raise SystemExit(f"{folder}: a {c.get('kind')!r} run; this benchmark rescores position sweeps.")
     cond = c["condition"]
     data = "generated" if str(c["data"]).startswith("generated") else c["data"]  # the manifest names generated data
-    config = SweepConfig(**{k: c[k] for k in SWEEP_FIELDS if k in c}, data=data, limit=n, results_dir=str(out), progress=False,
-                         positions=(c["position"],) if cond == "documents" else (),
+    config = SweepConfig(**{k: c[k] for k in SWEEP_FIELDS if k in c}, data=data, limit=n, results_dir=str(out),
+                         progress=False, positions=(c["position"],) if cond == "documents" else (),
                          closedbook=cond == "closedbook", oracle=cond == "oracle")
     lm = load_model(c["model"], dtype=c["dtype"], attn_implementation=c.get("attn_implementation", "sdpa"))
     new = {r["example_id"]: r for r in sweep(config, model=lm).to_dict("records")}
@@ -98,7 +98,8 @@ def main() -> int:
             where = c["condition"] + ("" if c.get("position") is None else f" at {c['position'] + 1}")
             print(f"| {folder.name} | {c['model']} | {c['task']} {c['num_docs']} | {where} | {c['dtype']} | "
                   f"{len(pairs)} | {min(toks)}-{max(toks)} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] | {sd:.3f} | "
-                  f"{max(map(abs, d)):.3f} | {same}/{len(pairs)} | {rank}/{len(pairs)} | {here_s:.1f} / {stored_s:.1f} |")
+                  f"{max(map(abs, d)):.3f} | {same}/{len(pairs)} | {rank}/{len(pairs)} | "
+                  f"{here_s:.1f} / {stored_s:.1f} |")
     return 0
 
 

@@ -179,7 +179,7 @@ def check_dtype(prof: Profile, todo: list[Job]) -> None:
     too slowly. Without bfloat16 units torch emulates them; how slowly depends on the CPU, so a product is timed
     (`models.bfloat16_speedup`): on a 2-core AVX2 EPYC emulated bfloat16 ran at 0.004-0.04x float32's speed
     (docs/cpu.md), and a float32 run instead would start new records beside the committed bfloat16 ones rather
-    than continue them; on a 2-core AVX-512 Xeon it ran at 0.27-0.29x, a Gemma record at 1.7x the seconds of an
+    than continue them; on a 2-core AVX-512 Xeon it ran at 0.22-0.29x, a Gemma record in 1.3-1.7x the seconds of an
     AVX512-BF16 EPYC's, so there the runs continue, with a note (docs/paper.md)."""
     pinned = [j.key for j in todo if j.parameters.get("DTYPE", j.settings.get("DTYPE")) == "bfloat16"]
     if not pinned:
