@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import platform
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -24,19 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 SWEEP_FIELDS = ("task", "model", "num_docs", "scoring", "query_aware", "template", "chat", "seed",
                 "sentences_per_doc", "generate_docs")
-
-
-def cpu_kind() -> str:
-    import torch
-
-    from litm.models import cpu_bfloat16_units
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    units = cpu_bfloat16_units() or f"no bfloat16 units, torch {torch.backends.cpu.get_cpu_capability()}"
-    return f"{name} ({units})"
 
 
 def rescore(folder: Path, n: int, out: Path) -> list[tuple[dict, dict]]:
@@ -63,22 +49,15 @@ def rescore(folder: Path, n: int, out: Path) -> list[tuple[dict, dict]]:
     return pairs
 
 
-def t_interval(x: list[float]) -> tuple[float, float, float, float]:
-    from scipy import stats
-
-    k = len(x)
-    mean = sum(x) / k
-    sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (k - 1)) if k > 1 else float("nan")
-    half = stats.t.ppf(0.975, k - 1) * sd / math.sqrt(k) if k > 1 else float("nan")
-    return mean, mean - half, mean + half, sd
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", nargs="+", type=Path, help="results folders (each with manifest.json, records.jsonl)")
     ap.add_argument("--n", type=int, default=20, help="examples to rescore from each folder (its first n)")
     args = ap.parse_args()
-    print(f"This machine: {cpu_kind()}\n")
+    from litm.paper import hardware
+    from litm.stats import mean_interval
+
+    print(f"This machine: {hardware()}\n")
     print("| folder | model | task, size | condition | dtype | records | prompt tokens | margin change, mean [95% t] "
           "| SD | largest | same decision | same gold rank | s a record here / stored |")
     print("|---|---|---|---|---|---:|---|---|---:|---:|---:|---:|---|")
@@ -90,7 +69,8 @@ def main() -> int:
                 continue
             c = json.loads((folder / "manifest.json").read_text())["config"]
             d = [r["gold_margin"] - s["gold_margin"] for s, r in pairs]
-            mean, lo, hi, sd = t_interval(d)
+            mean, lo, hi = mean_interval(d)
+            sd = statistics.stdev(d) if len(d) > 1 else float("nan")
             same = sum(bool(s["correct"]) == bool(r["correct"]) for s, r in pairs)
             rank = sum(s.get("gold_rank") == r.get("gold_rank") for s, r in pairs)
             toks = [s["prompt_tokens"] for s, _ in pairs]

@@ -45,7 +45,10 @@ def test_a_stored_prompt_that_differs_stops_the_comparison(rescore, stored, tmp_
         rescore.rescore(stored, 4, tmp_path / "again")
 
 
-def test_the_t_interval_by_hand(rescore):
-    mean, lo, hi, sd = rescore.t_interval([1.0, 2.0, 3.0])
-    half = 4.302652729911275 / 3 ** 0.5  # t(0.975, 2) x SD 1 / sqrt(3)
-    assert (mean, sd) == pytest.approx((2.0, 1.0)) and (lo, hi) == pytest.approx((2.0 - half, 2.0 + half))
+
+def test_the_table_row_reads_the_pairs(rescore, stored, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["rescore.py", str(stored), "--n", "4"])
+    assert rescore.main() == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {stored.name} "))
+    assert "| kv 5 | documents at 3 | float32 | 4 |" in row
+    assert "| +0.000 [+0.000, +0.000] | 0.000 | 0.000 | 4/4 | 4/4 |" in row
