@@ -253,7 +253,8 @@ class Ledger:
                 before = {}
             spent, attempts = before.get("partial_seconds", 0.0) + seconds, before.get("attempts", 0) + new_attempt
             hosts = [h for h in before.get("hardware", "").split("; ") if h]  # a run resumed elsewhere names both
-            hosts += [hardware()] if hardware() not in hosts else []
+            here = hardware()
+            hosts += [here] if here not in hosts else []
             if finished:
                 entry = {"seconds": round(spent, 1), "attempts": attempts,
                          "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
